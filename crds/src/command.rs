@@ -1,0 +1,128 @@
+//! `Command`: one program run inside a session in mode commands.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3600;
+
+/// A command sent to a session. No stdin, no TTY, no interactive shell: the
+/// schema has no such fields, so strict field validation refuses them.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "hangar.dev",
+    version = "v1alpha1",
+    kind = "Command",
+    namespaced,
+    shortname = "sbxcmd",
+    category = "hangar",
+    status = "CommandStatus",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Sandbox","type":"string","jsonPath":".spec.sandbox"}"#,
+    printcolumn = r#"{"name":"Number","type":"integer","jsonPath":".status.number"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Exit","type":"integer","jsonPath":".status.exitCode"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandSpec {
+    /// Name of the Sandbox, in the same namespace.
+    pub sandbox: String,
+    /// Program and arguments (1 or more).
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Working directory in the agent container; `/workspace` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// 1–86400, default 3600. Past it the command ends `timed_out`.
+    #[serde(default = "default_timeout_seconds")]
+    pub timeout_seconds: i64,
+    /// Cancel the command. `true` is final; a cancelled queued command never runs.
+    #[serde(default)]
+    pub cancel: bool,
+}
+
+fn default_timeout_seconds() -> i64 {
+    DEFAULT_TIMEOUT_SECONDS
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandStatus {
+    /// Number in the session, from 1, without gaps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub number: Option<i64>,
+    /// `<sessionId>/cmd/<number>`, the job on the session certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<CommandPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The attempt the command ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// Bytes of output stored so far (the offset a reader can read up to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<i64>,
+    /// The SessionToken that sent the command, when a token sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandPhase {
+    Queued,
+    Running,
+    Cancelling,
+    Exited,
+    Cancelled,
+    KilledAtPause,
+    TimedOut,
+    OutcomeUnknown,
+}
+
+impl CommandPhase {
+    /// The last five statuses are final: a command never leaves them.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            CommandPhase::Exited
+                | CommandPhase::Cancelled
+                | CommandPhase::KilledAtPause
+                | CommandPhase::TimedOut
+                | CommandPhase::OutcomeUnknown
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_five_phases_are_final() {
+        use CommandPhase::*;
+        let all = [Queued, Running, Cancelling, Exited, Cancelled, KilledAtPause, TimedOut, OutcomeUnknown];
+        assert_eq!(all.iter().filter(|p| p.is_final()).count(), 5);
+        assert!(!Cancelling.is_final());
+    }
+}

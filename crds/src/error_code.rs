@@ -1,0 +1,128 @@
+//! The contract's error codes (ARCHITECTURE §5). Every refusal, whether it
+//! comes from a CEL rule, the webhook or the gateway, starts its message with
+//! one of these, so clients can match on the code rather than the prose.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    BadRequest,
+    SandboxRequestInvalid,
+    TokenInvalid,
+    TokenScopeForbidden,
+    Forbidden,
+    SandboxNotFound,
+    SandboxNotRunning,
+    SandboxPauseUnavailable,
+    SandboxCommandCancelled,
+    SandboxCommandLimit,
+    SandboxTokenLimit,
+    SandboxEnded,
+    SandboxOutputErased,
+    PreflightArchitecture,
+    PreflightTooLarge,
+    ImagePreflightPending,
+    SandboxLiveSnapshotUnsupported,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 17] = [
+        ErrorCode::BadRequest,
+        ErrorCode::SandboxRequestInvalid,
+        ErrorCode::TokenInvalid,
+        ErrorCode::TokenScopeForbidden,
+        ErrorCode::Forbidden,
+        ErrorCode::SandboxNotFound,
+        ErrorCode::SandboxNotRunning,
+        ErrorCode::SandboxPauseUnavailable,
+        ErrorCode::SandboxCommandCancelled,
+        ErrorCode::SandboxCommandLimit,
+        ErrorCode::SandboxTokenLimit,
+        ErrorCode::SandboxEnded,
+        ErrorCode::SandboxOutputErased,
+        ErrorCode::PreflightArchitecture,
+        ErrorCode::PreflightTooLarge,
+        ErrorCode::ImagePreflightPending,
+        ErrorCode::SandboxLiveSnapshotUnsupported,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::SandboxRequestInvalid => "sandbox_request_invalid",
+            ErrorCode::TokenInvalid => "token_invalid",
+            ErrorCode::TokenScopeForbidden => "token_scope_forbidden",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::SandboxNotFound => "sandbox_not_found",
+            ErrorCode::SandboxNotRunning => "sandbox_not_running",
+            ErrorCode::SandboxPauseUnavailable => "sandbox_pause_unavailable",
+            ErrorCode::SandboxCommandCancelled => "sandbox_command_cancelled",
+            ErrorCode::SandboxCommandLimit => "sandbox_command_limit",
+            ErrorCode::SandboxTokenLimit => "sandbox_token_limit",
+            ErrorCode::SandboxEnded => "sandbox_ended",
+            ErrorCode::SandboxOutputErased => "sandbox_output_erased",
+            ErrorCode::PreflightArchitecture => "preflight_architecture",
+            ErrorCode::PreflightTooLarge => "preflight_too_large",
+            ErrorCode::ImagePreflightPending => "image_preflight_pending",
+            ErrorCode::SandboxLiveSnapshotUnsupported => "sandbox_live_snapshot_unsupported",
+        }
+    }
+
+    /// The HTTP status the gateway answers with (ARCHITECTURE §5).
+    pub const fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::SandboxRequestInvalid => 400,
+            ErrorCode::TokenInvalid => 401,
+            ErrorCode::TokenScopeForbidden | ErrorCode::Forbidden => 403,
+            ErrorCode::SandboxNotFound => 404,
+            ErrorCode::SandboxNotRunning
+            | ErrorCode::SandboxPauseUnavailable
+            | ErrorCode::SandboxCommandCancelled
+            | ErrorCode::SandboxCommandLimit
+            | ErrorCode::SandboxTokenLimit
+            | ErrorCode::SandboxEnded
+            | ErrorCode::ImagePreflightPending => 409,
+            ErrorCode::SandboxOutputErased => 410,
+            ErrorCode::PreflightArchitecture | ErrorCode::PreflightTooLarge => 422,
+            ErrorCode::SandboxLiveSnapshotUnsupported => 501,
+        }
+    }
+
+    /// `"<code>: <message>"`, the shape every refusal message takes.
+    pub fn message(self, text: &str) -> String {
+        format!("{}: {text}", self.as_str())
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for c in ErrorCode::ALL {
+            assert!(seen.insert(c.as_str()), "duplicate {c}");
+            assert!(c.as_str().chars().all(|ch| ch.is_ascii_lowercase() || ch == '_'));
+        }
+    }
+
+    #[test]
+    fn statuses_follow_the_contract_table() {
+        assert_eq!(ErrorCode::TokenInvalid.http_status(), 401);
+        assert_eq!(ErrorCode::SandboxOutputErased.http_status(), 410);
+        assert_eq!(ErrorCode::ImagePreflightPending.http_status(), 409);
+        assert_eq!(ErrorCode::PreflightTooLarge.http_status(), 422);
+        assert_eq!(ErrorCode::SandboxLiveSnapshotUnsupported.http_status(), 501);
+        assert_eq!(
+            ErrorCode::SandboxPauseUnavailable.message("x"),
+            "sandbox_pause_unavailable: x"
+        );
+    }
+}

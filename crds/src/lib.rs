@@ -1,0 +1,28 @@
+//! The `hangar.dev/v1alpha1` API: `Sandbox`, `Command`, `SessionToken`
+//! (namespaced) and `SandboxTemplate` (cluster-scoped).
+//!
+//! The Rust types are the source of truth; `manifests::all()` turns them into
+//! the CRDs (with the CEL rules of `schema`), `crdgen` writes those to
+//! `crds/manifests/` and the Helm chart, and a test fails when the files on
+//! disk drift from the types.
+
+pub mod command;
+pub mod error_code;
+pub mod manifests;
+pub mod sandbox;
+mod schema;
+pub mod sandbox_template;
+pub mod session_token;
+
+pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar};
+pub use error_code::ErrorCode;
+pub use sandbox::{
+    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion,
+    DesiredState, Egress, IdleAction, IdlePolicy, Mode, Phase, Sandbox, SandboxSpec, SandboxStatus, Size,
+};
+pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
+pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};
+
+/// API group and version of every kind.
+pub const GROUP: &str = "hangar.dev";
+pub const VERSION: &str = "v1alpha1";

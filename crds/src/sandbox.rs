@@ -1,0 +1,337 @@
+//! `Sandbox`: one agent session on a dedicated arm64 node.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a sandbox session. Validation that the schema cannot
+/// express with types alone lives in CEL rules added by `crate::schema`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "hangar.dev",
+    version = "v1alpha1",
+    kind = "Sandbox",
+    namespaced,
+    shortname = "sbx",
+    category = "hangar",
+    status = "SandboxStatus",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".spec.state","priority":1}"#,
+    printcolumn = r#"{"name":"Instance","type":"string","jsonPath":".status.instanceId"}"#,
+    printcolumn = r#"{"name":"Attempt","type":"integer","jsonPath":".status.attempt","priority":1}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSpec {
+    /// `agent` (default): the agent's command is the main process and the
+    /// session ends with it. `commands`: no main process; runs the Commands
+    /// sent to it; only this mode can pause.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Agent image, pinned by digest (`repo@sha256:<64 hex>`). Exactly one of
+    /// `image` and `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// A registered SandboxTemplate, `name@version`. Exactly one of `image`
+    /// and `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The agent's command (mode agent). Empty means the image's entrypoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Containers started beside the agent, each pinned by digest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub companions: Vec<Companion>,
+    /// The customer this session serves; only this tenant's secrets attach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Mode commands only: seconds idle before `idleAction` (60–86400).
+    /// Unset means 900 in mode commands (see `SandboxSpec::idle_policy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<i64>,
+    /// Mode commands only: `end` (the default) or `pause`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
+    /// Hard stop: most metered compute seconds across all attempts
+    /// (3600–604800). A pause does not use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_after_seconds: Option<i64>,
+    /// Days command output is kept after the session ends (1–90).
+    #[serde(default = "default_output_retention_days")]
+    pub output_retention_days: i64,
+    /// Instance shape: `tiny`, `small` (default), `medium`, `large`.
+    #[serde(default)]
+    pub size: Size,
+    /// Destinations the session may reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+    /// Secrets of the session's tenant mounted into the agent container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+    /// `Running` (default), `Paused` (mode commands only) or `Ended`.
+    /// `Ended` is final.
+    #[serde(default)]
+    pub state: DesiredState,
+    /// Revoke All: ends the session and every token. `true` is final.
+    #[serde(default)]
+    pub revoke_all: bool,
+}
+
+pub const DEFAULT_OUTPUT_RETENTION_DAYS: i64 = 30;
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: i64 = 900;
+
+fn default_output_retention_days() -> i64 {
+    DEFAULT_OUTPUT_RETENTION_DAYS
+}
+
+/// What happens when a session in mode commands has been idle long enough.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdlePolicy {
+    pub timeout_seconds: i64,
+    pub action: IdleAction,
+}
+
+impl SandboxSpec {
+    /// The idle settings in force. The defaults (900 s, `end`) depend on the
+    /// mode, which an OpenAPI default cannot express, so they are applied
+    /// here, in the one function the operator and webhook both call, instead
+    /// of being written into the object.
+    pub fn idle_policy(&self) -> Option<IdlePolicy> {
+        match self.mode {
+            Mode::Agent => None,
+            Mode::Commands => Some(IdlePolicy {
+                timeout_seconds: self.idle_timeout_seconds.unwrap_or(DEFAULT_IDLE_TIMEOUT_SECONDS),
+                action: self.idle_action.unwrap_or_default(),
+            }),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Agent,
+    Commands,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    #[default]
+    End,
+    Pause,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Size {
+    Tiny,
+    #[default]
+    Small,
+    Medium,
+    Large,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DesiredState {
+    #[default]
+    Running,
+    Paused,
+    Ended,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Companion {
+    /// Container name (DNS label), unique within the session.
+    pub name: String,
+    /// Image pinned by digest.
+    pub image: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Egress {
+    /// Host names (optionally `*.` wildcards) the session may reach.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    /// A Secret of the session's tenant, in the Sandbox's namespace.
+    pub secret_name: String,
+    /// Absolute path in the agent container where the secret is mounted.
+    pub destination: String,
+}
+
+/// Observed state of a session, written only by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// The session id: the Sandbox's `metadata.uid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Number of the current attempt (from 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<Attempt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Memory of the session's shape.
+    #[serde(rename = "memoryGiB", default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<i64>,
+    /// How the session ended, e.g. `completed`, `outcome_unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// Why it stopped, e.g. `stop_after`, `idle_timeout`, `cancelled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Mode agent: the agent's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billing: Option<Billing>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<Certificate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commands: Option<CommandCounts>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Session phase. `failed`: ended before its instance existed, the reset
+/// complete. `reset_incomplete`: a reset step is not yet confirmed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Launching,
+    Running,
+    Pausing,
+    Paused,
+    Resuming,
+    Interrupted,
+    Stopping,
+    Ended,
+    Failed,
+    ResetIncomplete,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub number: i64,
+    pub cause: AttemptCause,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<AttemptEnd>,
+    #[serde(default)]
+    pub compute_seconds: i64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptCause {
+    Launch,
+    Resume,
+    Recovery,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptEnd {
+    Paused,
+    Interrupted,
+    HostLost,
+    WorkerLost,
+    StartFailed,
+    SessionEnded,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Billing {
+    /// Most the compute can cost when `stopAfterSeconds` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_at_most_cents: Option<i64>,
+    /// Charged once, when the instance first runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_charge_cents: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_cents: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_cents: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_cents: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Certificate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_at: Option<Time>,
+    /// Name of the Secret or object holding the signed record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_ref: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandCounts {
+    pub total: i64,
+    pub unfinished: i64,
+    pub running: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_defaults_apply_in_commands_mode_only() {
+        let spec: SandboxSpec = serde_json::from_value(serde_json::json!({"mode": "commands"})).unwrap();
+        assert_eq!(
+            spec.idle_policy(),
+            Some(IdlePolicy { timeout_seconds: 900, action: IdleAction::End })
+        );
+        let agent: SandboxSpec = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert_eq!(agent.mode, Mode::Agent);
+        assert_eq!(agent.idle_policy(), None);
+        let set: SandboxSpec = serde_json::from_value(
+            serde_json::json!({"mode": "commands", "idleTimeoutSeconds": 60, "idleAction": "pause"}),
+        )
+        .unwrap();
+        assert_eq!(
+            set.idle_policy(),
+            Some(IdlePolicy { timeout_seconds: 60, action: IdleAction::Pause })
+        );
+    }
+}

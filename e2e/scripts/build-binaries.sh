@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver and helm from their published Go modules into a
+# cache outside the work tree, keyed by version. Nothing prebuilt can be
+# downloaded here, so each binary is compiled from a small wrapper module:
+#   - etcd: a main that calls go.etcd.io/etcd/server/v3/etcdmain.Main;
+#   - kube-apiserver: k8s.io/kubernetes cannot be required as-is (its go.mod
+#     points the k8s.io/<staging> modules at ./staging), so the wrapper
+#     replaces each of them with its published v0.<minor>.<patch>;
+#   - helm: helm.sh/helm/v3/cmd/helm from a wrapper module.
+# Usage: build-binaries.sh [etcd|kube-apiserver|helm ...]   (default: all)
+# Prints the cache's bin directory on stdout; progress goes to stderr.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../versions.env
+source "$here/../versions.env"
+CACHE="${HANGAR_CACHE:-$HOME/.cache/hangar}"
+BIN="$CACHE/bin"
+WORK="$CACHE/go-build"
+mkdir -p "$BIN" "$WORK"
+
+export CGO_ENABLED=0
+export GOFLAGS="-mod=mod"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+
+# go_build <name> <version> <module dir> <package> [ldflags]
+go_build() {
+  local name=$1 version=$2 dir=$3 pkg=$4 ldflags=${5:-}
+  local out="$BIN/$name-$version"
+  log "compiling $name $version (this takes a few minutes on 2 cores)"
+  local start=$SECONDS
+  (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
+  mv "$out.tmp" "$out"
+  log "built $out in $((SECONDS - start))s"
+}
+
+build_etcd() {
+  local out="$BIN/etcd-$ETCD_VERSION"
+  [[ -x "$out" ]] && { log "etcd $ETCD_VERSION cached"; return; }
+  local dir="$WORK/etcd-$ETCD_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cat >"$dir/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  (cd "$dir" && go mod init hangar.local/etcd >/dev/null 2>&1 &&
+    log "resolving go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 && go mod tidy >&2)
+  go_build etcd "$ETCD_VERSION" "$dir" . \
+    "-X go.etcd.io/etcd/api/v3/version.GitSHA=hangar"
+}
+
+build_kube() {
+  local out="$BIN/kube-apiserver-$KUBE_VERSION"
+  [[ -x "$out" ]] && { log "kube-apiserver $KUBE_VERSION cached"; return; }
+  local dir="$WORK/kubernetes-$KUBE_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir"
+  log "reading k8s.io/kubernetes@$KUBE_VERSION go.mod for its staging modules"
+  local gomod
+  gomod=$(cd "$dir" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+    sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  local minor_patch="${KUBE_VERSION#v1.}" # 37.2
+  local go_directive
+  go_directive=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")
+  {
+    echo "module hangar.local/kubernetes"
+    echo
+    echo "go $go_directive"
+    echo
+    echo "require k8s.io/kubernetes $KUBE_VERSION"
+    echo
+    echo "replace ("
+    grep -E '=> \./staging/src/' "$gomod" | awk -v v="v0.$minor_patch" '{print "\t" $1 " => " $1 " " v}'
+    echo ")"
+  } >"$dir/go.mod"
+  cat >"$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+GO
+  log "resolving the module graph of k8s.io/kubernetes@$KUBE_VERSION"
+  (cd "$dir" && go mod tidy >&2)
+  local v="$KUBE_VERSION" ld=""
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=${minor_patch%%.*}"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  go_build kube-apiserver "$KUBE_VERSION" "$dir" k8s.io/kubernetes/cmd/kube-apiserver "$ld"
+}
+
+build_helm() {
+  local out="$BIN/helm-$HELM_VERSION"
+  [[ -x "$out" ]] && { log "helm $HELM_VERSION cached"; return; }
+  local dir="$WORK/helm-$HELM_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cat >"$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "helm.sh/helm/v3/cmd/helm"
+GO
+  (cd "$dir" && go mod init hangar.local/helm >/dev/null 2>&1 &&
+    log "resolving helm.sh/helm/v3@$HELM_VERSION" &&
+    go get "helm.sh/helm/v3@$HELM_VERSION" >&2 && go mod tidy >&2)
+  go_build helm "$HELM_VERSION" "$dir" helm.sh/helm/v3/cmd/helm \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+}
+
+targets=("$@")
+[[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm)
+for t in "${targets[@]}"; do
+  case "$t" in
+    etcd) build_etcd ;;
+    kube-apiserver) build_kube ;;
+    helm) build_helm ;;
+    *) log "unknown target $t"; exit 2 ;;
+  esac
+done
+echo "$BIN"

@@ -1,0 +1,51 @@
+//! `make up`: builds what is missing, starts the local stack, prints how to
+//! reach it, and keeps it running until Ctrl-C.
+
+use std::process::ExitCode;
+
+use hangar_e2e::paths::cache_dir;
+use hangar_e2e::process::RunDir;
+use hangar_e2e::{ControlPlane, Moto};
+
+fn main() -> ExitCode {
+    hangar_e2e::init_tracing();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hangar-up: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> hangar_e2e::Result<()> {
+    let dir = cache_dir().join("up");
+    eprintln!("hangar-up: starting etcd and kube-apiserver (state in {})", dir.display());
+    let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?)?;
+    eprintln!("hangar-up: control plane ready at {}; CRDs installed", cp.server);
+    eprintln!("hangar-up: starting moto (EC2 + S3)");
+    let moto = Moto::start(Some(&dir))?;
+
+    println!();
+    println!("hangar local stack is up. In another shell:");
+    println!();
+    println!("  export KUBECONFIG={}", cp.kubeconfig.display());
+    println!("  export AWS_ENDPOINT_URL={}", moto.endpoint());
+    println!("  kubectl get crd | grep hangar.dev");
+    println!("  kubectl apply -f examples/");
+    println!();
+    println!("Logs: {}/*.log. Ctrl-C stops everything.", dir.display());
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    });
+    eprintln!("hangar-up: stopping");
+    drop(moto);
+    drop(cp);
+    Ok(())
+}

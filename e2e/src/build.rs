@@ -1,0 +1,54 @@
+//! Builds what the local stack needs, once, into the cache (see
+//! e2e/scripts/*.sh): the Go binaries and the moto venv.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::error::{HarnessError, Result, io};
+use crate::paths::{cache_dir, repo_root, version};
+
+fn run_script(name: &str, args: &[&str]) -> Result<()> {
+    let script = repo_root().join("e2e/scripts").join(name);
+    // Progress goes to stderr, which cargo test shows on failure and `make up` always.
+    let status = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(io(format!("run {}", script.display())))?;
+    if !status.success() {
+        return Err(HarnessError::Build { script, status });
+    }
+    Ok(())
+}
+
+/// `$CACHE/bin/<name>-<version>`, built if missing.
+pub fn go_binary(name: &str) -> Result<PathBuf> {
+    let key = match name {
+        "etcd" => "ETCD_VERSION",
+        "kube-apiserver" => "KUBE_VERSION",
+        "helm" => "HELM_VERSION",
+        other => panic!("no build recipe for {other}"),
+    };
+    let path = cache_dir().join("bin").join(format!("{name}-{}", version(key)));
+    if !path.exists() {
+        // One build at a time across the test binaries that cargo runs in turn.
+        static LOCK: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
+        let _g = LOCK.get_or_init(Default::default).lock();
+        if !path.exists() {
+            run_script("build-binaries.sh", &[name])?;
+        }
+    }
+    Ok(path)
+}
+
+/// The `moto_server` entry point of the cached venv, created if missing.
+pub fn moto_server() -> Result<PathBuf> {
+    let venv = cache_dir().join(format!("venv/moto-{}", version("MOTO_VERSION")));
+    let path = venv.join("bin/moto_server");
+    if !venv.join(".complete").exists() {
+        run_script("moto-venv.sh", &[])?;
+    }
+    Ok(path)
+}

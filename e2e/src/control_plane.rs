@@ -1,0 +1,227 @@
+//! A real Kubernetes control plane on loopback: etcd and kube-apiserver built
+//! from their Go modules, client-certificate auth, RBAC, and the hangar CRDs
+//! installed and Established.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+
+use crate::build::go_binary;
+use crate::error::{HarnessError, Result, io};
+use crate::pki::Pki;
+use crate::process::{ChildProcess, RunDir, free_port, port_open, wait_until};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+pub struct ControlPlane {
+    // Field order is drop order: the apiserver stops before etcd, and the
+    // directory goes last.
+    apiserver: ChildProcess,
+    etcd: ChildProcess,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub pki: Pki,
+    dir: RunDir,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver in a fresh temporary directory and
+    /// installs the CRDs.
+    pub fn start() -> Result<Self> {
+        Self::start_in(RunDir::new("hangar-e2e")?)
+    }
+
+    /// The same, in `dir` (kept after stop; `make up` uses a fixed one).
+    pub fn start_in(dir: RunDir) -> Result<Self> {
+        let etcd_bin = go_binary("etcd")?;
+        let apiserver_bin = go_binary("kube-apiserver")?;
+        let root = dir.path.clone();
+        let pki = Pki::generate(&root.join("pki"))?;
+
+        let (client_port, peer_port) = (free_port(), free_port());
+        let mut etcd_cmd = Command::new(&etcd_bin);
+        etcd_cmd.args([
+            "--name=hangar-local".to_owned(),
+            format!("--data-dir={}", root.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-cluster=hangar-local=http://127.0.0.1:{peer_port}"),
+            // Test data: durability across a power cut is not needed, speed is.
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ]);
+        let started = std::time::Instant::now();
+        let mut etcd = ChildProcess::spawn("etcd", etcd_cmd, &root.join("etcd.log"))?;
+        wait_until("etcd", &mut etcd, READY_TIMEOUT, || {
+            crate::process::http_get(client_port, "/health").is_ok_and(|(s, b)| s == 200 && b.contains("true"))
+        })?;
+
+        tracing::debug!(elapsed = ?started.elapsed(), "etcd healthy");
+        let port = free_port();
+        let mut api_cmd = Command::new(&apiserver_bin);
+        api_cmd.args([
+            format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", root.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-private-key-file={}", pki.serving_key.display()),
+            format!("--client-ca-file={}", pki.ca_cert.display()),
+            format!("--service-account-key-file={}", pki.service_account_pub.display()),
+            format!("--service-account-signing-key-file={}", pki.service_account_key.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            // No kube-controller-manager runs here, so nothing would create
+            // the default ServiceAccount that this plugin insists on.
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            // A loopback advertise address cannot go into the `kubernetes`
+            // Endpoints; there is one apiserver, nothing to reconcile.
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--enable-priority-and-fairness=false".to_owned(),
+            "--profiling=false".to_owned(),
+            "--v=1".to_owned(),
+        ]);
+        let mut apiserver = ChildProcess::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
+        wait_until("kube-apiserver port", &mut apiserver, READY_TIMEOUT, || port_open(port))?;
+
+        let server = format!("https://127.0.0.1:{port}");
+        let kubeconfig = root.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, &pki)?;
+        let mut cp = Self { apiserver, etcd, kubeconfig, server, pki, dir };
+        cp.wait_ready_and_install_crds()?;
+        tracing::info!(elapsed = ?started.elapsed(), server = %cp.server, "control plane ready, CRDs Established");
+        Ok(cp)
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir.path
+    }
+
+    /// Waits for /readyz and installs the CRDs, on a runtime of its own so
+    /// this works from sync code and from inside a test's runtime alike.
+    fn wait_ready_and_install_crds(&mut self) -> Result<()> {
+        let kubeconfig = self.kubeconfig.clone();
+        let result = std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("runtime"))?;
+                rt.block_on(async {
+                    let client = client_from(&kubeconfig).await?;
+                    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+                    loop {
+                        let req = http::Request::get("/readyz").body(Vec::new()).expect("request");
+                        match client.request_text(req).await {
+                            Ok(body) if body.trim() == "ok" => break,
+                            _ if tokio::time::Instant::now() > deadline => {
+                                return Err(HarnessError::NotReady {
+                                    what: "kube-apiserver /readyz".into(),
+                                    seconds: READY_TIMEOUT.as_secs(),
+                                    log_tail: String::new(),
+                                });
+                            }
+                            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                        }
+                    }
+                    install_crds(&client).await
+                })
+            })
+            .join()
+            .expect("setup thread")
+        });
+        if let Err(HarnessError::NotReady { what, seconds, .. }) = result {
+            self.apiserver.check_alive()?;
+            return Err(HarnessError::NotReady { what, seconds, log_tail: self.apiserver.log_tail(40) });
+        }
+        result
+    }
+
+    /// A client for the admin user (system:masters).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from(&self.kubeconfig).await
+    }
+
+    /// `kubectl` pointed at this control plane.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd
+    }
+
+    /// `helm` (built from its module) pointed at this control plane.
+    pub fn helm(&self) -> Result<Command> {
+        let mut cmd = Command::new(go_binary("helm")?);
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", self.dir.path.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.dir.path.join("helm/config"))
+            .env("HELM_DATA_HOME", self.dir.path.join("helm/data"));
+        Ok(cmd)
+    }
+
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.id()
+    }
+}
+
+pub async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Server-side applies every hangar CRD and waits until each is Established.
+pub async fn install_crds(client: &kube::Client) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply("hangar-e2e").force();
+    for m in hangar_crds::manifests::all()? {
+        let name = m.crd.metadata.name.clone().expect("CRD name");
+        api.patch(&name, &params, &Patch::Apply(&m.crd)).await?;
+    }
+    for m in hangar_crds::manifests::all()? {
+        let name = m.crd.metadata.name.clone().expect("CRD name");
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .map_err(|_| HarnessError::CrdNotEstablished(name.clone()))?
+            .map_err(|_| HarnessError::CrdNotEstablished(name))?;
+    }
+    Ok(())
+}
+
+fn write_kubeconfig(path: &std::path::Path, server: &str, pki: &Pki) -> Result<()> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let body = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: hangar-local
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: hangar-admin
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: hangar-local
+  context:
+    cluster: hangar-local
+    user: hangar-admin
+current-context: hangar-local
+",
+        ca = b64(&pki.ca_pem),
+        cert = b64(&pki.admin_cert_pem),
+        key = b64(&pki.admin_key_pem),
+    );
+    std::fs::write(path, body).map_err(io(format!("write {}", path.display())))
+}

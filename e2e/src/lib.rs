@@ -1,0 +1,36 @@
+//! The local stack for end-to-end tests and `make up`: a real etcd and
+//! kube-apiserver (built from their Go modules), moto for EC2 and S3, and
+//! helpers to drive them with kubectl and helm.
+//!
+//! Everything binds to 127.0.0.1 on free ports, and every process is killed
+//! when its owner drops it or when the test process dies.
+
+pub mod build;
+pub mod control_plane;
+pub mod error;
+pub mod moto;
+pub mod paths;
+pub mod pki;
+pub mod process;
+
+use std::sync::OnceLock;
+
+pub use control_plane::ControlPlane;
+pub use error::{HarnessError, Result};
+pub use moto::Moto;
+
+/// One control plane per test binary, started on first use and killed when
+/// the binary exits. Tests isolate themselves by namespace.
+pub fn shared_control_plane() -> &'static ControlPlane {
+    static CP: OnceLock<ControlPlane> = OnceLock::new();
+    CP.get_or_init(|| ControlPlane::start().unwrap_or_else(|e| panic!("start the local control plane: {e}")))
+}
+
+/// Logs to stderr at `RUST_LOG` (default `info`), once per process.
+pub fn init_tracing() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    });
+}
