@@ -114,8 +114,17 @@ GO
   (cd "$dir" && go mod init hangar.local/helm >/dev/null 2>&1 &&
     log "resolving helm.sh/helm/v3@$HELM_VERSION" &&
     go get "helm.sh/helm/v3@$HELM_VERSION" >&2 && go mod tidy >&2)
-  go_build helm "$HELM_VERSION" "$dir" helm.sh/helm/v3/cmd/helm \
-    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  # Helm's own Makefile stamps the Kubernetes version it was built against
+  # (client-go v0.X.Y means 1.X); unstamped, `helm template` assumes 1.20.
+  local cg major minor
+  cg=$(cd "$dir" && go list -m -f '{{.Version}}' k8s.io/client-go)
+  major=$(( $(echo "${cg#v}" | cut -d. -f1) + 1 ))
+  minor=$(echo "$cg" | cut -d. -f2)
+  local ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld+=" -X $p.k8sVersionMajor=$major -X $p.k8sVersionMinor=$minor"
+  done
+  go_build helm "$HELM_VERSION" "$dir" helm.sh/helm/v3/cmd/helm "$ld"
 }
 
 targets=("$@")

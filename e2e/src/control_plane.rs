@@ -34,11 +34,17 @@ impl ControlPlane {
     /// Starts etcd and kube-apiserver in a fresh temporary directory and
     /// installs the CRDs.
     pub fn start() -> Result<Self> {
-        Self::start_in(RunDir::new("hangar-e2e")?)
+        Self::start_in(RunDir::new("hangar-e2e")?, true)
     }
 
-    /// The same, in `dir` (kept after stop; `make up` uses a fixed one).
-    pub fn start_in(dir: RunDir) -> Result<Self> {
+    /// Without the CRDs (for a test that installs them some other way, e.g.
+    /// from the Helm chart).
+    pub fn start_without_crds() -> Result<Self> {
+        Self::start_in(RunDir::new("hangar-e2e")?, false)
+    }
+
+    /// In `dir` (`make up` uses a fixed one so KUBECONFIG has a stable path).
+    pub fn start_in(dir: RunDir, with_crds: bool) -> Result<Self> {
         let etcd_bin = go_binary("etcd")?;
         let apiserver_bin = go_binary("kube-apiserver")?;
         let root = dir.path.clone();
@@ -99,7 +105,7 @@ impl ControlPlane {
         let kubeconfig = root.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &server, &pki)?;
         let mut cp = Self { apiserver, etcd, kubeconfig, server, pki, dir };
-        cp.wait_ready_and_install_crds()?;
+        cp.wait_ready(with_crds)?;
         tracing::info!(elapsed = ?started.elapsed(), server = %cp.server, "control plane ready, CRDs Established");
         Ok(cp)
     }
@@ -110,7 +116,7 @@ impl ControlPlane {
 
     /// Waits for /readyz and installs the CRDs, on a runtime of its own so
     /// this works from sync code and from inside a test's runtime alike.
-    fn wait_ready_and_install_crds(&mut self) -> Result<()> {
+    fn wait_ready(&mut self, with_crds: bool) -> Result<()> {
         let kubeconfig = self.kubeconfig.clone();
         let result = std::thread::scope(|s| {
             s.spawn(|| {
@@ -132,7 +138,7 @@ impl ControlPlane {
                             _ => tokio::time::sleep(Duration::from_millis(100)).await,
                         }
                     }
-                    install_crds(&client).await
+                    if with_crds { install_crds(&client).await } else { Ok(()) }
                 })
             })
             .join()

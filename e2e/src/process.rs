@@ -159,17 +159,26 @@ pub fn port_open(port: u16) -> bool {
     TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
 }
 
-/// A minimal HTTP/1.0 GET on loopback: `(status, body)`.
-pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+/// A minimal HTTP/1.0 request on loopback: `(status, body)`.
+pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<(u16, String)> {
     use std::io::Write;
     let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n")?;
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let status = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     Ok((status, body))
+}
+
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(port, "GET", path, &[])
 }
 
 /// A scratch directory for one control plane, removed on drop.

@@ -302,6 +302,18 @@ fn every_example_is_accepted() {
     assert!(out.contains("unchanged"), "re-apply should leave objects unchanged: {out}");
 }
 
+/// The committed YAML (what `kubectl apply -f crds/manifests/` and Helm
+/// install) is read as the harness's typed CRDs are: YAML 1.1 quirks such as
+/// a bare `y` key would break it.
+#[test]
+fn committed_crd_yaml_applies_with_kubectl() {
+    let cp = shared_control_plane();
+    let dir = hangar_e2e::paths::repo_root().join("crds/manifests");
+    let (ok, out) = kubectl(cp, &["apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", dir.to_str().unwrap()], None);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches("serverside-applied").count(), 4, "{out}");
+}
+
 #[test]
 fn unknown_fields_are_refused_by_strict_field_validation() {
     let cp = shared_control_plane();

@@ -19,9 +19,10 @@ fn main() -> ExitCode {
 }
 
 fn run() -> hangar_e2e::Result<()> {
-    let dir = cache_dir().join("up");
+    // HANGAR_UP_DIR lets a test run its own stack beside a developer's.
+    let dir = std::env::var_os("HANGAR_UP_DIR").map(Into::into).unwrap_or_else(|| cache_dir().join("up"));
     eprintln!("hangar-up: starting etcd and kube-apiserver (state in {})", dir.display());
-    let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?)?;
+    let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?, true)?;
     eprintln!("hangar-up: control plane ready at {}; CRDs installed", cp.server);
     eprintln!("hangar-up: starting moto (EC2 + S3)");
     let moto = Moto::start(Some(&dir))?;
@@ -35,6 +36,8 @@ fn run() -> hangar_e2e::Result<()> {
     println!("  kubectl apply -f examples/");
     println!();
     println!("Logs: {}/*.log. Ctrl-C stops everything.", dir.display());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {

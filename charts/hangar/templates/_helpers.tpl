@@ -1,0 +1,61 @@
+{{/* Common names and labels. */}}
+{{- define "hangar.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hangar.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "hangar.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "hangar.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* ServiceAccount name of a component: hangar.sa (dict "root" . "component" "operator") */}}
+{{- define "hangar.sa" -}}
+{{ include "hangar.fullname" .root }}-{{ .component }}
+{{- end -}}
+
+{{/*
+Rules the operator needs on namespaced objects, in the namespaces it serves.
+A ClusterRole when watchNamespaces is empty, else a Role in each.
+*/}}
+{{- define "hangar.operator.namespacedRules" -}}
+# Reconcile the three namespaced kinds; patch adds and removes the finalizer.
+- apiGroups: ["hangar.dev"]
+  resources: ["sandboxes", "commands", "sessiontokens"]
+  verbs: ["get", "list", "watch", "patch"]
+# Status is written by server-side apply on the status subresource only.
+- apiGroups: ["hangar.dev"]
+  resources: ["sandboxes/status", "commands/status", "sessiontokens/status"]
+  verbs: ["get", "patch"]
+# The agent Pod of each session, bound to that session's node.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Session keys and the one-time token delivery Secret: read by name, never listed.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch", "delete"]
+# Events on Sandboxes, Commands and SessionTokens (kubectl describe).
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}

@@ -1,0 +1,104 @@
+//! `make up` end to end: the hangar-up binary starts the stack, prints the
+//! KUBECONFIG line, `kubectl get crd` shows the four hangar CRDs, the
+//! examples apply, and Ctrl-C (SIGINT) stops every process it started.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills hangar-up if the test fails before it stops it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
+    let dir = std::env::temp_dir().join(format!("hangar-up-test-{}", std::process::id()));
+    let up = Command::new(env!("CARGO_BIN_EXE_hangar-up"))
+        .env("HANGAR_UP_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start hangar-up");
+    let mut guard = KillOnDrop(up);
+    let up = &mut guard.0;
+
+    let mut kubeconfig = None;
+    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+            kubeconfig = Some(path.to_owned());
+        }
+        if line.contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    let kubeconfig = kubeconfig.expect("hangar-up printed the KUBECONFIG line");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl").env("KUBECONFIG", &kubeconfig).args(args).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+
+    let (ok, crds) = kubectl(&["get", "crd"]);
+    assert!(ok, "{crds}");
+    assert_eq!(crds.lines().filter(|l| l.contains("hangar.dev")).count(), 4, "{crds}");
+
+    let examples = hangar_e2e::paths::repo_root().join("examples");
+    let (ok, out) = kubectl(&["apply", "-f", examples.to_str().unwrap()]);
+    assert!(ok, "kubectl apply -f examples/: {out}");
+    let (ok, out) = kubectl(&["get", "sbx"]);
+    assert!(ok && out.contains("dev-box") && out.contains("review-agent"), "{out}");
+
+    // Ctrl-C: hangar-up stops etcd, the apiserver and moto, then exits 0.
+    let pids: Vec<i32> = ["etcd", "kube-apiserver", "moto_server"]
+        .iter()
+        .flat_map(|name| children_named(up.id() as i32, name))
+        .collect();
+    assert_eq!(pids.len(), 3, "expected etcd, kube-apiserver and moto children");
+    unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = up.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "hangar-up did not stop after SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "hangar-up exited with {status}");
+    for pid in pids {
+        assert!(!alive(pid), "child {pid} outlived hangar-up");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn children_named(parent: i32, name: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // pid (comm) state ppid ...; comm may hold spaces, so split after ')'.
+        let Some((_, tail)) = stat.rsplit_once(')') else { continue };
+        let ppid = tail.split_whitespace().nth(1).and_then(|p| p.parse::<i32>().ok());
+        // argv[0], or argv[1] for a script run by its interpreter (moto_server).
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let program = |arg: &str| arg.rsplit('/').next().unwrap_or_default().starts_with(name);
+        if ppid == Some(parent) && cmdline.split('\0').take(2).any(program) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited; only a process still running counts.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(')').and_then(|(_, t)| t.split_whitespace().next().map(|st| st != "Z")).unwrap_or(false))
+        .unwrap_or(false)
+}
