@@ -17,12 +17,13 @@ help:
 ## Build what is missing (progress on stderr), then run until Ctrl-C.
 up: deps
 	@echo "[make up] building hangar (cargo, cached in $(CARGO_TARGET_DIR))" >&2
-	$(CARGO) build -p hangar-e2e --bin hangar-up
+	$(CARGO) build --workspace --bins
 	$(CARGO_TARGET_DIR)/debug/hangar-up
 
 ## Every test, from nothing: the unit tests, the CRD drift test, and the
 ## end-to-end tests against a real apiserver, moto and helm.
 test: deps
+	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
 ## Regenerate the CRD YAML from the Rust types.

@@ -8,6 +8,7 @@
 
 pub mod command;
 pub mod error_code;
+pub mod heartbeat;
 pub mod manifests;
 pub mod sandbox;
 mod schema;
@@ -18,7 +19,8 @@ pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar};
 pub use error_code::ErrorCode;
 pub use sandbox::{
     Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion,
-    DesiredState, Egress, IdleAction, IdlePolicy, Mode, Phase, Sandbox, SandboxSpec, SandboxStatus, Size,
+    DesiredState, Egress, IdleAction, IdlePolicy, Mode, PauseProgress, Phase, ResetStepStatus, Sandbox, SandboxSpec,
+    SandboxStatus, Size,
 };
 pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
 pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};

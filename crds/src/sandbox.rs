@@ -217,10 +217,46 @@ pub struct SandboxStatus {
     pub certificate: Option<Certificate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commands: Option<CommandCounts>,
+    /// Whether the workspace volume is attached to the instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_attached: Option<bool>,
+    /// Progress of the pause in flight (phase pausing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseProgress>,
+    /// Reset steps confirmed so far, in order (phases stopping,
+    /// reset_incomplete, ended, failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reset: Vec<ResetStepStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseProgress {
+    /// When the pause was asked for (the 90 s grace counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<Time>,
+    /// When the worker reported the workspace closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_closed_at: Option<Time>,
+    /// When StopInstances was called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_requested_at: Option<Time>,
+    /// True when the instance was stopped without the worker's report.
+    #[serde(default)]
+    pub forced: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetStepStatus {
+    /// `cancel_queued_commands`, `terminate_instance`, `delete_volume`,
+    /// `destroy_key`.
+    pub step: String,
+    pub confirmed_at: Time,
 }
 
 /// Session phase. `failed`: ended before its instance existed, the reset

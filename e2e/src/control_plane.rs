@@ -179,6 +179,7 @@ impl ControlPlane {
 }
 
 pub async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Client> {
+    crate::install_crypto_provider();
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(kube::Client::try_from(config)?)

@@ -7,17 +7,22 @@
 
 pub mod build;
 pub mod control_plane;
+pub mod ec2;
 pub mod error;
 pub mod moto;
+pub mod node_sim;
+pub mod operator;
 pub mod paths;
 pub mod pki;
 pub mod process;
+pub mod stack;
 
 use std::sync::OnceLock;
 
 pub use control_plane::ControlPlane;
 pub use error::{HarnessError, Result};
 pub use moto::Moto;
+pub use stack::{LocalStack, StackOptions, shared_stack};
 
 /// One control plane per test binary, started on first use and killed when
 /// the binary exits. Tests isolate themselves by namespace.
@@ -32,5 +37,14 @@ pub fn init_tracing() {
     ONCE.get_or_init(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    });
+}
+
+/// kube uses rustls with ring, the AWS SDK brings aws-lc-rs: with both in
+/// the build, rustls needs to be told which one is the process default.
+pub fn install_crypto_provider() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
     });
 }

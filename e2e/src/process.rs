@@ -91,6 +91,12 @@ impl ChildProcess {
         tail(&self.log, lines)
     }
 
+    /// SIGKILL now, like pulling the power.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         if let Ok(None) = self.child.try_wait() {

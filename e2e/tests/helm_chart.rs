@@ -112,7 +112,7 @@ fn operator_runs_leader_elected() {
     assert!(args.contains(&"--leader-election-namespace=hangar-system"), "{args:?}");
     assert_eq!(deploy["spec"]["replicas"].as_u64(), Some(2));
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"].as_bool(), Some(true));
-    let leases = find(&docs, "Role", "hangar-operator-leases", Some("hangar-system")).expect("lease Role");
+    let leases = find(&docs, "Role", "hangar-operator-system", Some("hangar-system")).expect("system Role");
     assert!(grants(leases, "leases"));
 }
 

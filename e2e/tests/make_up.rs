@@ -56,12 +56,23 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     let (ok, out) = kubectl(&["get", "sbx"]);
     assert!(ok && out.contains("dev-box") && out.contains("review-agent"), "{out}");
 
-    // Ctrl-C: hangar-up stops etcd, the apiserver and moto, then exits 0.
-    let pids: Vec<i32> = ["etcd", "kube-apiserver", "moto_server"]
+    // The operator and node simulator bring the example sessions up.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, out) = kubectl(&["get", "sbx", "dev-box", "-o", "jsonpath={.status.phase}"]);
+        if out.trim() == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dev-box did not reach running: {out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Ctrl-C: hangar-up stops everything it started, then exits 0.
+    let pids: Vec<i32> = ["etcd", "kube-apiserver", "moto_server", "hangar-operator"]
         .iter()
         .flat_map(|name| children_named(up.id() as i32, name))
         .collect();
-    assert_eq!(pids.len(), 3, "expected etcd, kube-apiserver and moto children");
+    assert_eq!(pids.len(), 4, "expected etcd, kube-apiserver, moto and operator children");
     unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {

@@ -1,8 +1,145 @@
-//! hangar-operator. The Sandbox lifecycle controller and EC2 node provider
-//! arrive with the lifecycle issue; until then this binary only reports
-//! that, so the chart's Deployment has an image entrypoint to point at.
+//! hangar-operator: leader-elected; runs the Sandbox lifecycle controller,
+//! the batched EC2 instance watcher and the orphan sweep.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("hangar-operator {}: no controllers are built in yet", env!("CARGO_PKG_VERSION"));
-    std::process::ExitCode::FAILURE
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use hangar_operator::context::{Context, Metrics};
+use hangar_operator::ec2::Ec2;
+use hangar_operator::ec2::watcher::InstanceWatcher;
+use hangar_operator::keys::{OrgKey, b64};
+use hangar_operator::settings::Settings;
+use hangar_operator::{ec2, leader, lifecycle, serve};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let settings = Arc::new(Settings::parse());
+    // kube's rustls uses ring; the AWS SDK also links aws-lc-rs. Pick one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match run(settings).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "hangar-operator stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> {
+    let client = kube::Client::try_default().await?;
+    let listener = tokio::net::TcpListener::bind(&settings.metrics_addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint");
+
+    let election = settings.leader_elect.then(|| leader::LeaderElection {
+        api: Api::namespaced(client.clone(), &settings.leader_election_namespace),
+        name: "hangar-operator-leader".into(),
+        identity: settings.pod_name.clone(),
+        lease_duration: Duration::from_secs(settings.lease_duration_seconds),
+        renew_deadline: Duration::from_secs(settings.renew_deadline_seconds),
+        retry_period: Duration::from_secs(settings.retry_period_seconds),
+    });
+    if let Some(e) = &election {
+        e.acquire().await;
+    }
+
+    let org_key = load_org_key(&client, &settings).await?;
+    let ec2 = Ec2::new(settings.clone()).await;
+    let instances = InstanceWatcher::default();
+    // The first view of EC2 before any reconcile: a session must never be
+    // judged "no instance" just because nothing has been described yet.
+    for i in ec2.describe_cluster_instances().await? {
+        instances.observe(i);
+    }
+    let (changes_tx, changes_rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(instances.clone().run(ec2.clone(), settings.describe_interval(), changes_tx));
+
+    let (nodes, node_writer) = reflector::store();
+    let (leases, lease_writer) = reflector::store();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
+    );
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        settings: settings.clone(),
+        ec2: ec2.clone(),
+        instances,
+        nodes,
+        leases,
+        org_key,
+        recorder,
+        metrics: Metrics::default(),
+    });
+    tokio::spawn(serve::serve(listener, ctx.clone()));
+    tokio::spawn(sweep_loop(ec2, client, Duration::from_secs(settings.orphan_sweep_seconds)));
+
+    let controller = lifecycle::run(ctx, node_writer, lease_writer, changes_rx);
+    match election {
+        Some(e) => {
+            tokio::select! {
+                _ = controller => {}
+                _ = e.keep_renewing() => return Err("lost leadership".into()),
+            }
+        }
+        None => controller.await,
+    }
+    Ok(())
+}
+
+async fn sweep_loop(ec2: Ec2, client: kube::Client, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        match ec2::orphans::sweep(&ec2, &client).await {
+            Ok(s) if s.instances.is_empty() && s.volumes.is_empty() => {}
+            Ok(s) => tracing::info!(instances = ?s.instances, volumes = ?s.volumes, "orphan sweep"),
+            Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
+        }
+    }
+}
+
+/// The organisation key: from a file when configured, else a Secret in the
+/// operator's namespace (created once with a random key).
+async fn load_org_key(client: &kube::Client, settings: &Settings) -> Result<OrgKey, Box<dyn std::error::Error>> {
+    use base64::Engine;
+    if let Some(path) = &settings.org_key_file {
+        let text = std::fs::read_to_string(path)?;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim())?;
+        return Ok(OrgKey::from_bytes(&bytes)?);
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
+    let name = "hangar-org-key";
+    if secrets.get_opt(name).await?.is_none() {
+        let key = OrgKey::generate_bytes()?;
+        let secret = Secret {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            data: Some(BTreeMap::from([("key".to_owned(), ByteString(key.to_vec()))])),
+            immutable: Some(true),
+            ..Default::default()
+        };
+        match secrets.create(&PostParams::default(), &secret).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            other => {
+                other?;
+                tracing::info!(secret = name, "generated the organisation key ({} bytes, not logged)", b64(&key).len());
+            }
+        }
+    }
+    let secret = secrets.get(name).await?;
+    let bytes = secret.data.and_then(|d| d.get("key").cloned()).ok_or("hangar-org-key has no key")?;
+    Ok(OrgKey::from_bytes(&bytes.0)?)
 }

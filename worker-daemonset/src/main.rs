@@ -1,7 +1,176 @@
-//! hangar-worker. The per-node worker (heartbeat, workspace, commands,
-//! output) arrives with the lifecycle and commands issues.
+//! hangar-worker: one per session node. Finds its session from the node's
+//! labels, opens the workspace, heartbeats the session's Lease (which
+//! attempt it serves), and at a pause closes the workspace and reports it
+//! on the Lease so the operator can stop the instance.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("hangar-worker {}: not built in yet", env!("CARGO_PKG_VERSION"));
-    std::process::ExitCode::FAILURE
+mod workspace;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use futures::StreamExt;
+use hangar_crds::{Phase, Sandbox, heartbeat};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const SESSION_LABEL: &str = "hangar.dev/session";
+const SESSION_NAMESPACE_LABEL: &str = "hangar.dev/session-namespace";
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("workspace: {0}")]
+    Workspace(#[from] std::io::Error),
+    #[error("environment variable {0} is not set")]
+    Env(&'static str),
+}
+
+struct Config {
+    node_name: String,
+    system_namespace: String,
+    workspace: std::path::PathBuf,
+    renew: Duration,
+}
+
+impl Config {
+    fn from_env() -> Result<Self, Error> {
+        let var = |k: &'static str| std::env::var(k).map_err(|_| Error::Env(k));
+        Ok(Self {
+            node_name: var("NODE_NAME")?,
+            system_namespace: std::env::var("HANGAR_SYSTEM_NAMESPACE").unwrap_or_else(|_| "hangar-system".into()),
+            workspace: std::env::var("HANGAR_WORKSPACE_DIR")
+                .unwrap_or_else(|_| "/var/lib/hangar/workspace".into())
+                .into(),
+            renew: Duration::from_millis(
+                std::env::var("HANGAR_HEARTBEAT_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(heartbeat::RENEW_SECONDS * 1000),
+            ),
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    // Workspace builds unify rustls features (ring and aws-lc-rs): choose.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let result = async {
+        let config = Config::from_env()?;
+        let client = Client::try_default().await?;
+        run(client, config).await
+    };
+    match result.await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "worker stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Waits until the operator has labelled this node for a session.
+async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, String), Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let mut stream = watcher(nodes, cfg).default_backoff().applied_objects().boxed();
+    while let Some(node) = stream.next().await {
+        let Ok(node) = node else { continue };
+        let labels = node.labels();
+        if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
+            return Ok((ns.clone(), name.clone()));
+        }
+    }
+    Err(Error::Env("NODE_NAME (node watch ended)"))
+}
+
+async fn run(client: Client, config: Config) -> Result<(), Error> {
+    let (ns, name) = session_of_node(&client, &config.node_name).await?;
+    tracing::info!(node = %config.node_name, %ns, sandbox = %name, "serving session");
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &config.system_namespace);
+    let ws = workspace::Workspace::open(&config.workspace)?;
+
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut updates = watcher(sandboxes, cfg).default_backoff().applied_objects().boxed();
+    let mut tick = tokio::time::interval(config.renew);
+    let mut latest: Option<Sandbox> = None;
+    let mut closed: Option<(i64, Timestamp)> = None;
+    loop {
+        tokio::select! {
+            next = updates.next() => match next {
+                Some(Ok(s)) => latest = Some(s),
+                Some(Err(e)) => { tracing::warn!(error = %e, "sandbox watch"); continue }
+                None => return Ok(()),
+            },
+            _ = tick.tick() => {}
+        }
+        let Some(sandbox) = latest.as_ref() else { continue };
+        let Some(session_id) = sandbox.uid() else { continue };
+        let status = sandbox.status.clone().unwrap_or_default();
+        let attempt = status.attempt.unwrap_or(1);
+        if matches!(status.phase, Some(Phase::Ended | Phase::Failed | Phase::Stopping | Phase::ResetIncomplete)) {
+            continue;
+        }
+        // A pause: close the workspace once, then report it.
+        if status.phase == Some(Phase::Pausing) && closed.map(|c| c.0) != Some(attempt) {
+            ws.close()?;
+            closed = Some((attempt, Timestamp::now()));
+            tracing::info!(attempt, "workspace closed for the pause");
+        }
+        renew(&leases, &config.node_name, &session_id, &ns, &name, attempt, closed).await?;
+    }
+}
+
+async fn renew(
+    leases: &Api<Lease>,
+    node: &str,
+    session_id: &str,
+    ns: &str,
+    name: &str,
+    attempt: i64,
+    closed: Option<(i64, Timestamp)>,
+) -> Result<(), Error> {
+    let mut annotations = BTreeMap::from([
+        (heartbeat::ATTEMPT.to_owned(), attempt.to_string()),
+        (heartbeat::SANDBOX.to_owned(), format!("{ns}/{name}")),
+    ]);
+    if let Some((a, at)) = closed {
+        annotations.insert(heartbeat::WORKSPACE_CLOSED.to_owned(), a.to_string());
+        annotations.insert(heartbeat::WORKSPACE_CLOSED_AT.to_owned(), at.to_string());
+    }
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(heartbeat::lease_name(session_id)),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.to_owned()),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            lease_duration_seconds: Some(60),
+            ..Default::default()
+        }),
+    };
+    let mut patch = serde_json::to_value(&lease).unwrap_or_default();
+    patch["apiVersion"] = json!("coordination.k8s.io/v1");
+    patch["kind"] = json!("Lease");
+    leases
+        .patch(&heartbeat::lease_name(session_id), &PatchParams::apply("hangar-worker").force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
 }

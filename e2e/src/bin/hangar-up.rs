@@ -1,11 +1,13 @@
-//! `make up`: builds what is missing, starts the local stack, prints how to
+//! `make up`: builds what is missing, starts the local stack (etcd,
+//! kube-apiserver, moto, the operator and the node simulator), prints how to
 //! reach it, and keeps it running until Ctrl-C.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use hangar_e2e::paths::cache_dir;
 use hangar_e2e::process::RunDir;
-use hangar_e2e::{ControlPlane, Moto};
+use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 
 fn main() -> ExitCode {
     hangar_e2e::init_tracing();
@@ -24,19 +26,19 @@ fn run() -> hangar_e2e::Result<()> {
     eprintln!("hangar-up: starting etcd and kube-apiserver (state in {})", dir.display());
     let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?, true)?;
     eprintln!("hangar-up: control plane ready at {}; CRDs installed", cp.server);
-    eprintln!("hangar-up: starting moto (EC2 + S3)");
-    let moto = Moto::start(Some(&dir))?;
+    eprintln!("hangar-up: starting moto (EC2 + S3), the operator and the node simulator");
+    let stack = LocalStack::start(cp, StackOptions::default())?;
 
     println!();
     println!("hangar local stack is up. In another shell:");
     println!();
-    println!("  export KUBECONFIG={}", cp.kubeconfig.display());
-    println!("  export AWS_ENDPOINT_URL={}", moto.endpoint());
+    println!("  export KUBECONFIG={}", stack.cp.kubeconfig.display());
+    println!("  export AWS_ENDPOINT_URL={}", stack.moto.endpoint());
     println!("  kubectl get crd | grep hangar.dev");
     println!("  kubectl apply -f examples/");
+    println!("  kubectl get sbx -w");
     println!();
     println!("Logs: {}/*.log. Ctrl-C stops everything.", dir.display());
-    use std::io::Write;
     let _ = std::io::stdout().flush();
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -48,7 +50,6 @@ fn run() -> hangar_e2e::Result<()> {
         }
     });
     eprintln!("hangar-up: stopping");
-    drop(moto);
-    drop(cp);
+    drop(stack);
     Ok(())
 }

@@ -1,0 +1,249 @@
+//! The node simulator: no kubelet runs here, so this plays the session
+//! instances. For each running hangar instance in the EC2 endpoint it
+//! registers the Node (providerID, Ready) and runs the real worker binary
+//! as that node, with the workspace volume as a directory; it reports the
+//! agent Pod as a kubelet would. A stopped instance loses its worker (like
+//! a power-off) and its Node goes NotReady; a started one gets a fresh
+//! worker on the same directory; a terminated one loses its Node.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use aws_sdk_ec2::types::{Filter, InstanceStateName};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::process::ChildProcess;
+
+#[derive(Clone)]
+pub struct SimConfig {
+    pub ec2_endpoint: String,
+    pub kubeconfig: PathBuf,
+    pub worker_bin: PathBuf,
+    /// One directory per workspace volume id: the "disk".
+    pub volumes_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub system_namespace: String,
+    pub cluster_name: String,
+    pub heartbeat_ms: u64,
+}
+
+/// Runs on a thread and runtime of its own, so it outlives any one test's
+/// runtime and can serve a whole test binary.
+pub struct NodeSimulator {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub volumes_dir: PathBuf,
+}
+
+impl Drop for NodeSimulator {
+    fn drop(&mut self) {
+        // Stopping drops the loop's state, which kills every worker.
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct SimNode {
+    name: String,
+    worker: Option<ChildProcess>,
+    ready: bool,
+}
+
+impl NodeSimulator {
+    pub fn start(cfg: SimConfig) -> Self {
+        std::fs::create_dir_all(&cfg.volumes_dir).expect("volumes dir");
+        let volumes_dir = cfg.volumes_dir.clone();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("node-simulator".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    let client = crate::control_plane::client_from(&cfg.kubeconfig).await.expect("simulator client");
+                    let ec2 = crate::ec2::client(&cfg.ec2_endpoint).await;
+                    let mut nodes: HashMap<String, SimNode> = HashMap::new();
+                    loop {
+                        if let Err(e) = tick(&client, &ec2, &cfg, &mut nodes).await {
+                            tracing::debug!(error = %e, "node simulator tick");
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                            _ = &mut stopped => return,
+                        }
+                    }
+                });
+            })
+            .expect("simulator thread");
+        Self { stop: Some(stop), thread: Some(thread), volumes_dir }
+    }
+
+    /// The directory standing in for a workspace volume.
+    pub fn volume_dir(&self, volume_id: &str) -> PathBuf {
+        self.volumes_dir.join(volume_id)
+    }
+}
+
+type TickResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig, nodes: &mut HashMap<String, SimNode>) -> TickResult {
+    let out = ec2
+        .describe_instances()
+        .filters(Filter::builder().name("tag:hangar.dev/cluster").values(&cfg.cluster_name).build())
+        .send()
+        .await?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    for i in out.reservations().iter().flat_map(|r| r.instances()) {
+        let Some(id) = i.instance_id() else { continue };
+        let zone = i.placement().and_then(|p| p.availability_zone()).unwrap_or("ap-southeast-2a");
+        let state = i.state().and_then(|s| s.name()).cloned().unwrap_or(InstanceStateName::Pending);
+        match state {
+            InstanceStateName::Running => {
+                let node = nodes.entry(id.to_owned()).or_insert_with(|| SimNode { name: id.to_owned(), worker: None, ready: false });
+                if !node.ready {
+                    register(&node_api, &node.name, id, zone, true).await?;
+                    node.ready = true;
+                }
+                if node.worker.is_none() {
+                    if let Some(volume) = attached_volume(ec2, id).await? {
+                        node.worker = Some(start_worker(cfg, &node.name, &volume)?);
+                    }
+                }
+            }
+            InstanceStateName::Stopping | InstanceStateName::Stopped => {
+                if let Some(node) = nodes.get_mut(id) {
+                    if let Some(mut w) = node.worker.take() {
+                        w.kill();
+                    }
+                    if node.ready {
+                        register(&node_api, &node.name, id, zone, false).await?;
+                        node.ready = false;
+                    }
+                }
+            }
+            InstanceStateName::ShuttingDown | InstanceStateName::Terminated => {
+                if let Some(mut node) = nodes.remove(id) {
+                    if let Some(mut w) = node.worker.take() {
+                        w.kill();
+                    }
+                    let _ = node_api.delete(&node.name, &DeleteParams::default()).await;
+                }
+            }
+            _ => {}
+        }
+    }
+    report_pods(client, nodes).await
+}
+
+/// Creates the Node if needed and sets its Ready condition.
+async fn register(api: &Api<Node>, name: &str, instance_id: &str, zone: &str, ready: bool) -> TickResult {
+    if api.get_opt(name).await?.is_none() {
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(BTreeMap::from([
+                    ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+                    ("kubernetes.io/arch".to_owned(), "arm64".to_owned()),
+                    ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec { provider_id: Some(format!("aws:///{zone}/{instance_id}")), ..Default::default() }),
+            status: None,
+        };
+        match api.create(&PostParams::default(), &node).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    let now = Time(Timestamp::now());
+    let condition = NodeCondition {
+        type_: "Ready".into(),
+        status: if ready { "True" } else { "Unknown" }.into(),
+        reason: Some(if ready { "KubeletReady" } else { "NodeStatusUnknown" }.into()),
+        message: Some(if ready { "simulated kubelet is posting ready status" } else { "instance stopped" }.into()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    };
+    let status = NodeStatus { conditions: Some(vec![condition]), ..Default::default() };
+    let patch = json!({"status": status});
+    api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
+    Ok(())
+}
+
+async fn attached_volume(ec2: &aws_sdk_ec2::Client, instance_id: &str) -> Result<Option<String>, aws_sdk_ec2::Error> {
+    let out = ec2
+        .describe_volumes()
+        .filters(Filter::builder().name("attachment.instance-id").values(instance_id).build())
+        .filters(Filter::builder().name("tag:hangar.dev/role").values("workspace").build())
+        .send()
+        .await?;
+    Ok(out.volumes().first().and_then(|v| v.volume_id()).map(str::to_owned))
+}
+
+fn start_worker(cfg: &SimConfig, node: &str, volume_id: &str) -> crate::Result<ChildProcess> {
+    let dir = cfg.volumes_dir.join(volume_id);
+    std::fs::create_dir_all(&dir).map_err(crate::error::io("volume dir"))?;
+    let mut cmd = std::process::Command::new(&cfg.worker_bin);
+    cmd.env("NODE_NAME", node)
+        .env("KUBECONFIG", &cfg.kubeconfig)
+        .env("HANGAR_SYSTEM_NAMESPACE", &cfg.system_namespace)
+        .env("HANGAR_WORKSPACE_DIR", &dir)
+        .env("HANGAR_HEARTBEAT_MS", cfg.heartbeat_ms.to_string())
+        .env("RUST_LOG", "info");
+    tracing::info!(%node, %volume_id, "node simulator: starting worker");
+    ChildProcess::spawn(&format!("worker {node}"), cmd, &cfg.log_dir.join(format!("worker-{node}.log")))
+}
+
+/// Plays the kubelet for agent Pods on running simulated nodes.
+async fn report_pods(client: &kube::Client, nodes: &HashMap<String, SimNode>) -> TickResult {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = pods.list(&ListParams::default().labels("app.kubernetes.io/managed-by=hangar")).await?;
+    for pod in list.items {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
+        let live = nodes.values().any(|n| n.name == node && n.ready && n.worker.is_some());
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        if !live {
+            // The instance stopped: its containers are gone until it runs again.
+            if phase.as_deref() == Some("Running") && nodes.values().any(|n| n.name == node) {
+                let patch = json!({"status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
+            continue;
+        }
+        if phase.as_deref() == Some("Running") {
+            continue;
+        }
+        let containers: Vec<_> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| {
+                json!({
+                    "name": c.name, "image": c.image, "imageID": c.image, "ready": true, "restartCount": 0,
+                    "started": true, "state": {"running": {"startedAt": Time(Timestamp::now())}}
+                })
+            })
+            .collect();
+        let patch = json!({"status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": containers,
+        }});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    Ok(())
+}

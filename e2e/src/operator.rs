@@ -1,0 +1,94 @@
+//! The operator as a real process (so tests can SIGKILL it mid-flight),
+//! pointed at the local apiserver and moto.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::control_plane::ControlPlane;
+use crate::error::Result;
+use crate::process::{ChildProcess, free_port, http_get, wait_until};
+
+/// A binary of this workspace, next to the running test or hangar-up.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: run `cargo build --workspace --bins` (make test does)", path.display());
+    path
+}
+
+pub const SYSTEM_NAMESPACE: &str = "hangar-system";
+pub const CLUSTER_NAME: &str = "hangar-local";
+
+pub struct OperatorProcess {
+    process: Option<ChildProcess>,
+    pub metrics_port: u16,
+    kubeconfig: PathBuf,
+    ec2_endpoint: String,
+    log: PathBuf,
+    extra_env: Vec<(String, String)>,
+}
+
+impl OperatorProcess {
+    pub fn start(cp: &ControlPlane, ec2_endpoint: &str, extra_env: &[(&str, &str)]) -> Result<Self> {
+        let mut op = Self {
+            process: None,
+            metrics_port: 0,
+            kubeconfig: cp.kubeconfig.clone(),
+            ec2_endpoint: ec2_endpoint.to_owned(),
+            log: cp.dir().join("operator.log"),
+            extra_env: extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        op.spawn()?;
+        Ok(op)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        self.metrics_port = free_port();
+        let mut cmd = Command::new(workspace_binary("hangar-operator"));
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("HANGAR_EC2_ENDPOINT", &self.ec2_endpoint)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", crate::ec2::REGION)
+            .env("HANGAR_CLUSTER_NAME", CLUSTER_NAME)
+            .env("POD_NAMESPACE", SYSTEM_NAMESPACE)
+            .env("HANGAR_METRICS_ADDR", format!("127.0.0.1:{}", self.metrics_port))
+            .env("HANGAR_DESCRIBE_INTERVAL_MS", "300")
+            .env("RUST_LOG", std::env::var("HANGAR_OPERATOR_LOG").unwrap_or_else(|_| "info".into()));
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        let mut process = ChildProcess::spawn("hangar-operator", cmd, &self.log)?;
+        let port = self.metrics_port;
+        wait_until("hangar-operator /healthz", &mut process, Duration::from_secs(60), || {
+            http_get(port, "/healthz").is_ok_and(|(s, _)| s == 200)
+        })?;
+        self.process = Some(process);
+        Ok(())
+    }
+
+    /// SIGKILL: no chance to finish anything, as in a node crash.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.kill();
+        }
+    }
+
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    pub fn metrics(&self) -> String {
+        http_get(self.metrics_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        crate::process::tail(&self.log, lines)
+    }
+}

@@ -1,0 +1,67 @@
+//! The whole local stack: control plane, moto, the operator process and the
+//! node simulator running real workers.
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use crate::control_plane::ControlPlane;
+use crate::error::Result;
+use crate::moto::Moto;
+use crate::node_sim::{NodeSimulator, SimConfig};
+use crate::operator::{CLUSTER_NAME, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
+
+pub struct LocalStack {
+    // Drop order: simulator (workers) and operator before moto and the
+    // control plane they talk to.
+    pub sim: NodeSimulator,
+    operator: Mutex<OperatorProcess>,
+    pub moto: Moto,
+    pub cp: ControlPlane,
+}
+
+/// Settings a test can change for its own stack.
+#[derive(Default, Clone)]
+pub struct StackOptions {
+    /// Extra environment for the operator, e.g. HANGAR_PAUSE_GRACE_SECONDS.
+    pub operator_env: Vec<(String, String)>,
+    /// EC2 endpoint for the operator, e.g. a fault-injecting proxy; moto's
+    /// own when `None`.
+    pub operator_ec2_endpoint: Option<String>,
+}
+
+impl LocalStack {
+    pub fn start(cp: ControlPlane, opts: StackOptions) -> Result<Self> {
+        let moto = Moto::start(Some(cp.dir()))?;
+        let status = cp.kubectl().args(["create", "namespace", SYSTEM_NAMESPACE]).output().map_err(crate::error::io("kubectl"))?;
+        if !status.status.success() && !String::from_utf8_lossy(&status.stderr).contains("AlreadyExists") {
+            tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
+        }
+        let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let endpoint = opts.operator_ec2_endpoint.clone().unwrap_or_else(|| moto.endpoint());
+        let operator = OperatorProcess::start(&cp, &endpoint, &env)?;
+        let sim = NodeSimulator::start(SimConfig {
+            ec2_endpoint: moto.endpoint(),
+            kubeconfig: cp.kubeconfig.clone(),
+            worker_bin: workspace_binary("hangar-worker"),
+            volumes_dir: cp.dir().join("volumes"),
+            log_dir: cp.dir().to_path_buf(),
+            system_namespace: SYSTEM_NAMESPACE.into(),
+            cluster_name: CLUSTER_NAME.into(),
+            heartbeat_ms: 500,
+        });
+        Ok(Self { sim, operator: Mutex::new(operator), moto, cp })
+    }
+
+    pub fn operator(&self) -> MutexGuard<'_, OperatorProcess> {
+        self.operator.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One stack per test binary, started on first use; tests isolate
+/// themselves by namespace.
+pub fn shared_stack() -> &'static LocalStack {
+    static STACK: OnceLock<LocalStack> = OnceLock::new();
+    STACK.get_or_init(|| {
+        let cp = ControlPlane::start().unwrap_or_else(|e| panic!("control plane: {e}"));
+        LocalStack::start(cp, StackOptions::default()).unwrap_or_else(|e| panic!("local stack: {e}"))
+    })
+}

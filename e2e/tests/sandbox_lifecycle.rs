@@ -1,0 +1,156 @@
+//! A session's lifecycle end to end: real apiserver, moto EC2, the operator
+//! process and the node simulator running real workers.
+//! launch → running → pause (instance stopped, volume kept) → resume (same
+//! instance, attempt 2 cause resume, workspace files intact) → end
+//! (instance terminated, volume deleted, key destroyed, finalizer gone).
+
+use std::time::{Duration, Instant};
+
+use hangar_crds::{AttemptCause, AttemptEnd, Phase, Sandbox};
+use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
+use hangar_e2e::shared_stack;
+use aws_sdk_ec2::types::InstanceStateName;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+const DEADLINE: Duration = Duration::from_secs(90);
+
+async fn namespace(client: &kube::Client, name: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    let _ = api.create(&PostParams::default(), &ns).await;
+}
+
+fn sandbox(name: &str, mode: &str) -> Sandbox {
+    let mut spec = json!({"mode": mode, "image": IMAGE});
+    if mode == "agent" {
+        spec["command"] = json!(["run-agent"]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Polls the Sandbox until `pred` holds (or the deadline passes, with the
+/// last status and the operator's log in the failure).
+async fn wait_for(api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&Sandbox) -> bool) -> Sandbox {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = api.get_opt(name).await.unwrap() {
+            if pred(&s) {
+                return s;
+            }
+            if start.elapsed() > DEADLINE {
+                panic!(
+                    "{name}: not {what} within {DEADLINE:?}; status: {}\noperator log:\n{}",
+                    serde_json::to_string_pretty(&s.status).unwrap(),
+                    shared_stack().operator().log_tail(30)
+                );
+            }
+        } else if start.elapsed() > DEADLINE {
+            panic!("{name}: gone while waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn phase(s: &Sandbox) -> Option<Phase> {
+    s.status.as_ref().and_then(|st| st.phase)
+}
+
+async fn set_state(api: &Api<Sandbox>, name: &str, state: &str) -> Result<Sandbox, kube::Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"state": state}}))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launch_pause_resume_end_on_the_same_instance() {
+    let stack = shared_stack();
+    let client = stack.cp.client().await.unwrap();
+    namespace(&client, "lifecycle").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "lifecycle");
+    let ec2 = ec2_client(&stack.moto.endpoint()).await;
+
+    api.create(&PostParams::default(), &sandbox("box", "commands")).await.unwrap();
+    let s = wait_for(&api, "box", "running", |s| phase(s) == Some(Phase::Running)).await;
+    let session = s.uid().unwrap();
+    let status = s.status.clone().unwrap();
+    let instance = status.instance_id.clone().expect("instance id");
+    let volume = status.volume_id.clone().expect("volume id");
+    assert_eq!(status.attempt, Some(1));
+    assert_eq!(status.attempts[0].cause, AttemptCause::Launch);
+    assert!(s.finalizers().contains(&"hangar.dev/session".to_owned()));
+    assert_eq!(session_instances(&ec2, &session).await, vec![(instance.clone(), InstanceStateName::Running)]);
+    assert_eq!(session_volumes(&ec2, &session).await.len(), 1);
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready condition");
+    assert_eq!(ready.status, "True");
+
+    // A file in the workspace before the pause.
+    let workspace = stack.sim.volume_dir(&volume);
+    std::fs::write(workspace.join("notes.txt"), b"written in attempt 1\n").unwrap();
+
+    set_state(&api, "box", "Paused").await.unwrap();
+    let s = wait_for(&api, "box", "paused", |s| phase(s) == Some(Phase::Paused)).await;
+    let status = s.status.unwrap();
+    assert_eq!(session_instances(&ec2, &session).await, vec![(instance.clone(), InstanceStateName::Stopped)]);
+    assert_eq!(session_volumes(&ec2, &session).await.len(), 1, "the volume is kept while paused");
+    assert_eq!(status.attempts[0].end, Some(AttemptEnd::Paused));
+    let pause = status.pause.expect("pause progress");
+    assert!(pause.workspace_closed_at.is_some(), "the worker reported the workspace closed");
+    assert!(!pause.forced, "stopped after the report, not by the 90 s fallback");
+
+    set_state(&api, "box", "Running").await.unwrap();
+    let s = wait_for(&api, "box", "running again", |s| phase(s) == Some(Phase::Running)).await;
+    let status = s.status.unwrap();
+    assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()), "resume starts the same instance");
+    assert_eq!(status.attempt, Some(2));
+    assert_eq!(status.attempts[1].cause, AttemptCause::Resume);
+    assert_eq!(std::fs::read(workspace.join("notes.txt")).unwrap(), b"written in attempt 1\n");
+    assert_eq!(session_instances(&ec2, &session).await.len(), 1, "no second instance");
+
+    set_state(&api, "box", "Ended").await.unwrap();
+    let s = wait_for(&api, "box", "ended", |s| phase(s) == Some(Phase::Ended)).await;
+    let status = s.status.clone().unwrap();
+    assert_eq!(status.stop_reason.as_deref(), Some("cancelled"));
+    let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
+    assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"]);
+    assert_eq!(status.attempts[1].end, Some(AttemptEnd::SessionEnded));
+    assert_eq!(session_instances(&ec2, &session).await, vec![(instance, InstanceStateName::Terminated)]);
+    assert!(session_volumes(&ec2, &session).await.iter().all(|(_, state)| state == "deleted"), "volume deleted");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "hangar-system");
+    assert!(secrets.get_opt(&format!("hangar-session-key-{session}")).await.unwrap().is_none(), "key destroyed");
+    let s = wait_for(&api, "box", "without finalizer", |s| s.finalizers().is_empty()).await;
+    assert_eq!(phase(&s), Some(Phase::Ended));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_in_mode_agent_is_refused_and_changes_nothing() {
+    let stack = shared_stack();
+    let client = stack.cp.client().await.unwrap();
+    namespace(&client, "agent-pause").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "agent-pause");
+    api.create(&PostParams::default(), &sandbox("agent", "agent")).await.unwrap();
+    let before = wait_for(&api, "agent", "running", |s| phase(s) == Some(Phase::Running)).await;
+
+    let err = set_state(&api, "agent", "Paused").await.expect_err("pause of mode agent must be refused");
+    assert!(err.to_string().contains("sandbox_pause_unavailable"), "{err}");
+    let after = api.get("agent").await.unwrap();
+    assert_eq!(after.spec, before.spec);
+    assert_eq!(after.metadata.generation, before.metadata.generation);
+    assert_eq!(phase(&after), Some(Phase::Running));
+
+    // Deleting the Sandbox ends the session and releases everything.
+    api.delete("agent", &Default::default()).await.unwrap();
+    let start = Instant::now();
+    while api.get_opt("agent").await.unwrap().is_some() {
+        assert!(start.elapsed() < DEADLINE, "deleted Sandbox still present:\n{}", stack.operator().log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ec2 = ec2_client(&stack.moto.endpoint()).await;
+    let session = before.uid().unwrap();
+    assert!(session_instances(&ec2, &session).await.iter().all(|(_, s)| *s == InstanceStateName::Terminated));
+}

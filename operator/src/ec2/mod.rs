@@ -1,0 +1,127 @@
+//! The EC2 node provider: one instance and one workspace volume per session,
+//! found by tag before anything is created, with typed errors, jittered
+//! retries on throttling and fallback across instance types and zones on
+//! capacity errors.
+
+pub mod error;
+pub mod instances;
+pub mod orphans;
+pub mod tags;
+pub mod user_data;
+pub mod volumes;
+pub mod watcher;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+
+pub use error::{Ec2Error, Ec2ErrorKind};
+
+use crate::settings::Settings;
+
+/// Counts of EC2 calls, for /metrics and the benchmark.
+#[derive(Default, Debug)]
+pub struct CallCounts {
+    pub mutating: AtomicU64,
+    pub describe_instances: AtomicU64,
+    pub describe_other: AtomicU64,
+    pub throttled: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct Ec2 {
+    pub(crate) client: aws_sdk_ec2::Client,
+    pub(crate) settings: Arc<Settings>,
+    pub calls: Arc<CallCounts>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    Mutating,
+    DescribeInstances,
+    DescribeOther,
+}
+
+const MAX_THROTTLE_RETRIES: u32 = 8;
+
+impl Ec2 {
+    pub async fn new(settings: Arc<Settings>) -> Self {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(settings.aws_region.clone()))
+            // Our own loop retries throttling (typed, counted, jittered); the
+            // SDK's would hide it.
+            .retry_config(aws_config::retry::RetryConfig::disabled())
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .operation_attempt_timeout(Duration::from_secs(30))
+                    .connect_timeout(Duration::from_secs(5))
+                    .build(),
+            );
+        if let Some(endpoint) = &settings.ec2_endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        let config = loader.load().await;
+        Self { client: aws_sdk_ec2::Client::new(&config), settings, calls: Arc::default() }
+    }
+
+    /// Runs one EC2 call, retrying throttling with jittered backoff.
+    pub(crate) async fn call<T, E, F, Fut>(&self, operation: &'static str, kind: CallKind, mut f: F) -> Result<T, Ec2Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let mut attempt = 0;
+        loop {
+            let counter = match kind {
+                CallKind::Mutating => &self.calls.mutating,
+                CallKind::DescribeInstances => &self.calls.describe_instances,
+                CallKind::DescribeOther => &self.calls.describe_other,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            match f().await {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    let err = match e.code() {
+                        Some(code) => Ec2Error::classify(operation, Some(code), e.message()),
+                        None => Ec2Error::classify(operation, Some("Transport"), Some(&error_chain(&e))),
+                    };
+                    if err.is(Ec2ErrorKind::Throttled) && attempt < MAX_THROTTLE_RETRIES {
+                        self.calls.throttled.fetch_add(1, Ordering::Relaxed);
+                        let delay = error::throttle_backoff(
+                            attempt,
+                            Duration::from_millis(100),
+                            Duration::from_secs(10),
+                            random_u64(),
+                        );
+                        tracing::warn!(operation, attempt, ?delay, "EC2 throttled; retrying");
+                        tokio::time::sleep(delay).await;
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+pub(crate) fn random_u64() -> u64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    let _ = ring::rand::SystemRandom::new().fill(&mut b);
+    u64::from_le_bytes(b)
+}

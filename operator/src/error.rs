@@ -1,0 +1,18 @@
+use crate::ec2::Ec2Error;
+use crate::keys::KeyError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Ec2(#[from] Ec2Error),
+    #[error("session key: {0}")]
+    Key(#[from] KeyError),
+    #[error("Sandbox has no {0}")]
+    MissingField(&'static str),
+    #[error("the reset of the session is not complete yet")]
+    ResetPending,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

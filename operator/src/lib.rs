@@ -1,0 +1,19 @@
+//! hangar-operator: runs each Sandbox session on a dedicated arm64 EC2 node.
+//!
+//! - `lifecycle/`: the Sandbox controller (phase machine, reconcile pipeline)
+//! - `ec2/`: the node provider (launch, stop, start, terminate, volumes,
+//!   the batched instance watcher, the orphan sweep, user data)
+//! - `node/`: node labels and taint, the agent Pod
+//! - `keys`: session keys sealed under the organisation key
+//! - `leader`: leader election by Lease
+//! - `serve`: health and metrics endpoint
+
+pub mod context;
+pub mod ec2;
+pub mod error;
+pub mod keys;
+pub mod leader;
+pub mod lifecycle;
+pub mod node;
+pub mod serve;
+pub mod settings;

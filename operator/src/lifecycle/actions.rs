@@ -1,0 +1,270 @@
+//! Apply: the side effects the phase machine asked for, each idempotent
+//! (found before it is made again), each folding what it learned into the
+//! status being written.
+
+use std::collections::BTreeMap;
+
+use hangar_crds::{CommandPhase, Sandbox, SandboxStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::ByteString;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::observe::Observation;
+use super::phase::{self, Action};
+use crate::context::Context;
+use crate::ec2::instances::LaunchRequest;
+use crate::ec2::tags::SessionTags;
+use crate::ec2::{Ec2Error, Ec2ErrorKind, user_data};
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::node::labels::{self, NodeFacts, SESSION_TAINT};
+use crate::node::agent_pod;
+use crate::settings::shape_of;
+
+pub const FIELD_MANAGER: &str = "hangar-operator";
+
+pub struct Session<'a> {
+    pub sandbox: &'a Sandbox,
+    pub session_id: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Runs one action. `Err` leaves the rest of the plan for the next reconcile.
+pub async fn execute(
+    ctx: &Context,
+    s: &Session<'_>,
+    obs: &Observation,
+    action: &Action,
+    status: &mut SandboxStatus,
+) -> Result<()> {
+    let tags = SessionTags { cluster: &ctx.settings.cluster_name, session_id: s.session_id, namespace: s.namespace, name: s.name };
+    match action {
+        Action::EnsureKey => ensure_key(ctx, s.session_id).await,
+        Action::Launch => launch(ctx, s, &tags, status).await,
+        Action::EnsureVolume => {
+            let zone = obs.instance.as_ref().map(|i| i.zone.clone()).ok_or(Error::MissingField("instance zone"))?;
+            let v = ctx.ec2.ensure_workspace_volume(&tags, &zone).await?;
+            status.volume_id = Some(v.id);
+            Ok(())
+        }
+        Action::AttachVolume => {
+            let (Some(v), Some(i)) = (&obs.volume, &obs.instance) else { return Ok(()) };
+            match ctx.ec2.attach(&v.id, &i.id).await {
+                Ok(()) => {}
+                // Attached meanwhile (a crash between call and status write).
+                Err(e) if e.is(Ec2ErrorKind::IncorrectState) => {}
+                Err(e) => return Err(e.into()),
+            }
+            status.volume_id = Some(v.id.clone());
+            status.volume_attached = Some(true);
+            Ok(())
+        }
+        Action::PrepareNode => prepare_node(ctx, s, obs, status).await,
+        Action::CreateAgentPod => {
+            let Some(node) = obs.node.as_ref().and_then(|n| n.metadata.name.clone()) else { return Ok(()) };
+            let image = s.sandbox.spec.image.clone().or_else(|| s.sandbox.spec.template.clone()).unwrap_or_default();
+            let pod = agent_pod::build(s.sandbox, s.session_id, &node, &image);
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
+            match pods.create(&PostParams::default(), &pod).await {
+                Err(e) if !is_conflict(&e) => Err(e.into()),
+                _ => Ok(()),
+            }
+        }
+        Action::StopInstance { force } => {
+            let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
+            ctx.ec2.stop(&id, *force).await?;
+            if let Some(closed) = obs.workspace_closed_at {
+                let ms = (Timestamp::now().as_millisecond() - closed.as_millisecond()).max(0) as u64;
+                ctx.metrics.record(|m| m.workspace_closed_to_stop_ms.push(ms));
+            }
+            ctx.instances.request_refresh();
+            Ok(())
+        }
+        Action::StartInstance => {
+            let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
+            match ctx.ec2.start(&id).await {
+                Ok(()) => {
+                    ctx.instances.request_refresh();
+                    Ok(())
+                }
+                Err(e) if e.is(Ec2ErrorKind::InsufficientCapacity) || e.is(Ec2ErrorKind::IncorrectState) => {
+                    tracing::warn!(error = %e, "the instance did not start; back to paused");
+                    phase::start_failed(status, Timestamp::now());
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Action::CancelQueuedCommands => cancel_queued_commands(ctx, s).await,
+        Action::TerminateInstance => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
+            match pods.delete(&agent_pod::pod_name(s.name), &DeleteParams::default()).await {
+                Err(e) if !is_not_found(&e) => return Err(e.into()),
+                _ => {}
+            }
+            // By status, and by tag: an instance launched just before a
+            // crash may not be in the status yet.
+            let mut ids: Vec<String> = status.instance_id.iter().cloned().collect();
+            for i in ctx.ec2.find_session_instances(s.session_id).await? {
+                if !ids.contains(&i.id) {
+                    ids.push(i.id);
+                }
+            }
+            for id in ids {
+                ctx.ec2.terminate(&id).await?;
+            }
+            ctx.instances.request_refresh();
+            Ok(())
+        }
+        Action::DeleteVolume => {
+            let Some(v) = &obs.volume else { return Ok(()) };
+            if v.attached_to.is_some() && !v.available {
+                ctx.ec2.detach(&v.id).await?;
+                return Ok(()); // deleted on a later pass, once available
+            }
+            ctx.ec2.delete_volume(&v.id).await?;
+            Ok(())
+        }
+        Action::DestroyKey => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+            match secrets.delete(&keys::secret_name(s.session_id), &DeleteParams::default()).await {
+                Err(e) if !is_not_found(&e) => Err(e.into()),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+async fn ensure_key(ctx: &Context, session_id: &str) -> Result<()> {
+    let sealed = ctx.org_key.seal(&keys::new_session_key()?, session_id)?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(keys::secret_name(session_id)),
+            namespace: Some(ctx.settings.system_namespace.clone()),
+            labels: Some(BTreeMap::from([("hangar.dev/session-id".to_owned(), session_id.to_owned())])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("sealed-key".to_owned(), ByteString(sealed))])),
+        type_: Some("hangar.dev/sealed-session-key".into()),
+        immutable: Some(true),
+        ..Default::default()
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Err(e) if !is_conflict(&e) => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: &mut SandboxStatus) -> Result<()> {
+    let settings = &ctx.settings;
+    let size = s.sandbox.spec.size;
+    let render = |instance_type: &str, zone: &str| {
+        let labels = labels::labels(&NodeFacts {
+            session_name: s.name,
+            session_namespace: s.namespace,
+            session_id: s.session_id,
+            instance_type,
+            zone,
+            region: &settings.aws_region,
+        });
+        user_data::render(&user_data::JoinConfig {
+            cluster_name: &settings.cluster_name,
+            api_server_endpoint: &settings.cluster_endpoint,
+            certificate_authority: &settings.cluster_ca,
+            cidr: &settings.cluster_cidr,
+            session_id: s.session_id,
+            labels: &labels,
+        })
+    };
+    let req = LaunchRequest {
+        tags: SessionTags { ..*tags },
+        attempt: status.attempt.unwrap_or(1),
+        instance_types: settings.instance_types_for(size),
+        user_data: &render,
+    };
+    if let Some(created) = s.sandbox.metadata.creation_timestamp.as_ref() {
+        let ms = (Timestamp::now().as_millisecond() - created.0.as_millisecond()).max(0) as u64;
+        ctx.metrics.record(|m| m.apply_to_run_instances_ms.push(ms));
+    }
+    match ctx.ec2.launch(&req).await {
+        Ok(view) => {
+            status.instance_id = Some(view.id.clone());
+            status.instance_type = Some(view.instance_type.clone());
+            status.zone = Some(view.zone.clone());
+            status.memory_gib = shape_of(&view.instance_type).map(|(_, m)| m as i64);
+            ctx.instances.observe(view);
+            Ok(())
+        }
+        Err(e) if e.is(Ec2ErrorKind::InvalidConfiguration) || e.is(Ec2ErrorKind::InsufficientCapacity) => {
+            // Permanent for this configuration: the session fails, the reset
+            // cleans up whatever was made.
+            fail_launch(status, &e);
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn fail_launch(status: &mut SandboxStatus, e: &Ec2Error) {
+    let reason = if e.is(Ec2ErrorKind::InsufficientCapacity) { "insufficient_capacity" } else { "launch_failed" };
+    status.stop_reason = Some(format!("{reason}: {}: {}", e.code, e.message));
+    status.phase = Some(hangar_crds::Phase::Stopping);
+}
+
+async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status: &mut SandboxStatus) -> Result<()> {
+    let (Some(node), Some(instance)) = (&obs.node, &obs.instance) else { return Ok(()) };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let node_labels = labels::labels(&NodeFacts {
+        session_name: s.name,
+        session_namespace: s.namespace,
+        session_id: s.session_id,
+        instance_type: &instance.instance_type,
+        zone: &instance.zone,
+        region: &ctx.settings.aws_region,
+    });
+    let mut taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    taints.retain(|t| t.key != SESSION_TAINT);
+    taints.push(Taint { key: SESSION_TAINT.into(), value: Some(s.session_id.to_owned()), effect: "NoSchedule".into(), time_added: None });
+    let patch = json!({
+        "metadata": {"labels": node_labels, "annotations": labels::annotations()},
+        "spec": {"taints": taints},
+    });
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    status.node_name = Some(name);
+    Ok(())
+}
+
+async fn cancel_queued_commands(ctx: &Context, s: &Session<'_>) -> Result<()> {
+    let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), s.namespace);
+    for c in commands.list(&ListParams::default()).await?.items {
+        if c.spec.sandbox != s.name {
+            continue;
+        }
+        if !matches!(c.status.as_ref().and_then(|st| st.phase), None | Some(CommandPhase::Queued)) {
+            continue;
+        }
+        let name = c.metadata.name.clone().unwrap_or_default();
+        let patch = json!({
+            "apiVersion": "hangar.dev/v1alpha1", "kind": "Command",
+            "status": {"phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now())},
+        });
+        commands
+            .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+            .await?;
+    }
+    Ok(())
+}

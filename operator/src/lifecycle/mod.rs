@@ -1,0 +1,208 @@
+//! The Sandbox lifecycle controller. Each reconcile is one pass of a
+//! pipeline: dereference (`observe`) → decide (`phase::plan`, pure) → apply
+//! (`actions`) → update status (server-side apply) → events.
+
+pub mod actions;
+pub mod conditions;
+pub mod observe;
+pub mod phase;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use hangar_crds::{Phase, Sandbox, SandboxStatus, heartbeat};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{Instrument, info_span, warn};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL};
+use actions::{FIELD_MANAGER, Session};
+
+pub const FINALIZER: &str = "hangar.dev/session";
+
+/// Runs the controller until the process is asked to stop.
+pub async fn run(
+    ctx: Arc<Context>,
+    node_writer: reflector::store::Writer<Node>,
+    lease_writer: reflector::store::Writer<Lease>,
+    instance_changes: mpsc::Receiver<ObjectRef<Sandbox>>,
+) {
+    let client = ctx.client.clone();
+    let sandboxes: Api<Sandbox> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(client.clone(), one),
+        _ => Api::all(client.clone()),
+    };
+    let nodes = reflector(node_writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    let leases = reflector(
+        lease_writer,
+        watcher(Api::<Lease>::namespaced(client.clone(), &ctx.settings.system_namespace), watcher::Config::default()),
+    )
+    .default_backoff()
+    .applied_objects();
+    let pods = Api::<Pod>::all(client.clone());
+    let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
+    let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
+    let serves2 = serves.clone();
+
+    Controller::new(sandboxes, watcher::Config::default().any_semantic())
+        .owns(pods, watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"))
+        .watches_stream(nodes, move |node: Node| {
+            let labels = node.labels();
+            let (name, ns) = (labels.get(SESSION_LABEL)?, labels.get(SESSION_NAMESPACE_LABEL)?);
+            serves(ns).then(|| ObjectRef::new(name).within(ns))
+        })
+        .watches_stream(leases, move |lease: Lease| {
+            let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
+            serves2(ns).then(|| ObjectRef::new(name).within(ns))
+        })
+        .reconcile_on(tokio_stream_from(instance_changes))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn tokio_stream_from<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send {
+    async_stream(move |tx| async move {
+        while let Some(v) = rx.recv().await {
+            if tx.unbounded_send(v).is_err() {
+                break;
+            }
+        }
+    })
+}
+
+fn async_stream<T, F, Fut>(f: F) -> impl futures::Stream<Item = T>
+where
+    F: FnOnce(futures::channel::mpsc::UnboundedSender<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    tokio::spawn(f(tx));
+    rx
+}
+
+fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.reconcile_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    warn!(sandbox = %sandbox.name_any(), %error, "reconcile failed; retrying");
+    Requeue::requeue(Duration::from_secs(2))
+}
+
+async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Requeue> {
+    let ns = sandbox.namespace().unwrap_or_default();
+    let name = sandbox.name_any();
+    let span = info_span!("reconcile", namespace = %ns, sandbox = %name, phase = tracing::field::Empty);
+    reconcile_inner(sandbox, ctx, ns, name).instrument(span).await
+}
+
+async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, name: String) -> Result<Requeue> {
+    ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let session_id = sandbox.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    let current = sandbox.status.clone().unwrap_or_default();
+    let terminal = matches!(current.phase, Some(Phase::Ended | Phase::Failed));
+    if terminal {
+        remove_finalizer(&api, &sandbox).await?;
+        return Ok(Requeue::await_change());
+    }
+    ensure_finalizer(&api, &sandbox).await?;
+
+    let obs = observe::observe(&ctx, &sandbox, &session_id).await?;
+    let plan = phase::plan(&current, &obs.observed);
+    tracing::Span::current().record("phase", tracing::field::debug(plan.status.phase));
+
+    let session = Session { sandbox: &sandbox, session_id: &session_id, namespace: &ns, name: &name };
+    let mut status = plan.status.clone();
+    status.session_id = Some(session_id.clone());
+    let mut failure = None;
+    for action in &plan.actions {
+        tracing::debug!(?action, "apply");
+        if let Err(e) = actions::execute(&ctx, &session, &obs, action, &mut status).await {
+            failure = Some(e);
+            break;
+        }
+    }
+    if failure.is_some() && matches!(status.phase, Some(Phase::Stopping)) {
+        status.phase = Some(Phase::ResetIncomplete);
+    }
+    if status.phase == Some(Phase::Running) && current.phase != Some(Phase::Running) {
+        if let Some(since) = obs.node_ready_since {
+            let ms = (Timestamp::now().as_millisecond() - since.as_millisecond()).max(0) as u64;
+            ctx.metrics.record(|m| m.node_ready_to_running_ms.push(ms));
+        }
+    }
+    status.observed_generation = sandbox.metadata.generation;
+    status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);
+    if status != current {
+        write_status(&api, &name, &status).await?;
+    }
+    for (reason, note) in &plan.events {
+        publish(&ctx, &sandbox, reason, note, EventType::Normal).await;
+    }
+    if let Some(e) = failure {
+        publish(&ctx, &sandbox, "ActionFailed", &e.to_string(), EventType::Warning).await;
+        return Err(e);
+    }
+    if matches!(status.phase, Some(Phase::Ended | Phase::Failed)) {
+        remove_finalizer(&api, &sandbox).await?;
+        return Ok(Requeue::await_change());
+    }
+    Ok(match plan.requeue_after {
+        Some(d) => Requeue::requeue(d),
+        // Level-triggered safety net; watches wake us much sooner.
+        None => Requeue::requeue(Duration::from_secs(60)),
+    })
+}
+
+async fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, type_: EventType) {
+    let ev = Event { type_, reason: reason.into(), note: Some(note.into()), action: reason.into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&ev, &sandbox.object_ref(&())).await {
+        warn!(error = %e, "could not record event");
+    }
+}
+
+pub async fn write_status(api: &Api<Sandbox>, name: &str, status: &SandboxStatus) -> Result<()> {
+    let patch = json!({"apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox", "status": status});
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+async fn ensure_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<()> {
+    if sandbox.finalizers().iter().any(|f| f == FINALIZER) || sandbox.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let mut finalizers = sandbox.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": sandbox.resource_version()}});
+    api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// Once the reset is complete nothing is left to clean up, so the
+/// finalizer goes (and a pending delete completes).
+async fn remove_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<()> {
+    if !sandbox.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let finalizers: Vec<&String> = sandbox.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": sandbox.resource_version()}});
+    match api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
+}

@@ -1,0 +1,186 @@
+//! Dereference: gather what the phase machine needs about one session from
+//! the caches (instances, nodes, heartbeat Leases) and, only in the phases
+//! that need them, from EC2 and the apiserver.
+
+use std::time::Duration;
+
+use hangar_crds::{CommandPhase, DesiredState, Phase, Sandbox, heartbeat};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::phase::{AgentState, Desired, Observed, VolumeState, WorkerReport};
+use crate::context::Context;
+use crate::ec2::instances::InstanceView;
+use crate::error::Result;
+use crate::keys;
+use crate::node::agent_pod;
+use crate::node::labels::{SESSION_LABEL, SESSION_TAINT, instance_of_provider_id};
+
+pub struct Observation {
+    pub observed: Observed,
+    pub instance: Option<InstanceView>,
+    pub volume: Option<crate::ec2::volumes::VolumeView>,
+    pub node: Option<Node>,
+    /// When the worker reported the workspace closed (from its Lease).
+    pub workspace_closed_at: Option<Timestamp>,
+    pub node_ready_since: Option<Timestamp>,
+}
+
+pub fn desired(sandbox: &Sandbox) -> Desired {
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        return Desired::End("deleted".into());
+    }
+    if sandbox.spec.revoke_all {
+        return Desired::End("revoke_all".into());
+    }
+    match sandbox.spec.state {
+        DesiredState::Ended => Desired::End("cancelled".into()),
+        DesiredState::Paused => Desired::Pause,
+        DesiredState::Running => Desired::Run,
+    }
+}
+
+pub fn find_node(ctx: &Context, instance_id: &str) -> Option<Node> {
+    ctx.nodes
+        .state()
+        .into_iter()
+        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(instance_of_provider_id) == Some(instance_id))
+        .map(|n| (*n).clone())
+}
+
+fn ready_condition(node: &Node) -> Option<(bool, Option<Timestamp>)> {
+    let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status == "True", c.last_transition_time.as_ref().map(|t| t.0)))
+}
+
+pub fn node_prepared(node: &Node, sandbox_name: &str, session_id: &str) -> bool {
+    let labelled = node.metadata.labels.as_ref().and_then(|l| l.get(SESSION_LABEL)).map(String::as_str) == Some(sandbox_name);
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == SESSION_TAINT && t.value.as_deref() == Some(session_id)));
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::node::labels::DO_NOT_DISRUPT))
+        .is_some_and(|v| v == "true");
+    labelled && tainted && annotated
+}
+
+pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Result<Observation> {
+    let now = Timestamp::now();
+    let status = sandbox.status.clone().unwrap_or_default();
+    let phase = status.phase.unwrap_or(Phase::Launching);
+    let ns = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+
+    let instance = ctx.instances.get(session_id);
+    let node = instance.as_ref().and_then(|i| find_node(ctx, &i.id));
+    let ready = node.as_ref().and_then(ready_condition);
+
+    // The worker's Lease: fresh, and which attempt it serves.
+    let lease = ctx.leases.get(&ObjectRef::new(&heartbeat::lease_name(session_id)).within(&ctx.settings.system_namespace));
+    let stale = Duration::from_secs(ctx.settings.heartbeat_stale_seconds);
+    let mut workspace_closed_at = None;
+    let worker = lease.as_ref().and_then(|l| {
+        let renewed = l.spec.as_ref()?.renew_time.as_ref()?.0;
+        let age = now.as_second() - renewed.as_second();
+        if age > stale.as_secs() as i64 {
+            return None;
+        }
+        let ann = l.metadata.annotations.as_ref()?;
+        let attempt = ann.get(heartbeat::ATTEMPT)?.parse().ok()?;
+        let closed = ann.get(heartbeat::WORKSPACE_CLOSED).and_then(|v| v.parse::<i64>().ok()) == Some(attempt);
+        if closed {
+            workspace_closed_at = ann.get(heartbeat::WORKSPACE_CLOSED_AT).and_then(|t| t.parse().ok());
+        }
+        Some(WorkerReport { attempt, workspace_closed: closed })
+    });
+
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let agent = match pods.get_opt(&agent_pod::pod_name(&name)).await? {
+        None => AgentState::Absent,
+        Some(p) => agent_state(&p),
+    };
+
+    let needs_volume = matches!(phase, Phase::Launching) && status.volume_attached != Some(true)
+        || matches!(phase, Phase::Stopping | Phase::ResetIncomplete);
+    let (volume_state, volume) = match (needs_volume, &instance) {
+        (false, _) => (VolumeState::Unknown, None),
+        (true, _) => match ctx.ec2.find_workspace_volume(session_id).await? {
+            None => (VolumeState::Absent, None),
+            Some(v) => {
+                let attached = instance.as_ref().is_some_and(|i| v.attached_to.as_deref() == Some(i.id.as_str()));
+                (VolumeState::Present { attached }, Some(v))
+            }
+        },
+    };
+
+    let key_present = if matches!(phase, Phase::Launching | Phase::Stopping | Phase::ResetIncomplete) {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+        secrets.get_opt(&keys::secret_name(session_id)).await?.is_some()
+    } else {
+        true
+    };
+
+    let queued_commands = if matches!(phase, Phase::Stopping | Phase::ResetIncomplete)
+        || matches!(desired(sandbox), Desired::End(_))
+    {
+        let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
+        commands
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c| c.spec.sandbox == name)
+            .filter(|c| matches!(c.status.as_ref().and_then(|s| s.phase), None | Some(CommandPhase::Queued)))
+            .count()
+    } else {
+        0
+    };
+
+    Ok(Observation {
+        observed: Observed {
+            now,
+            mode: sandbox.spec.mode,
+            desired: desired(sandbox),
+            instance: instance.as_ref().map(|i| i.state),
+            volume: volume_state,
+            node_ready: ready.map(|(r, _)| r),
+            node_prepared: node.as_ref().is_some_and(|n| node_prepared(n, &name, session_id)),
+            worker,
+            agent,
+            key_present,
+            queued_commands,
+            pause_grace: ctx.settings.pause_grace(),
+        },
+        node_ready_since: ready.and_then(|(r, t)| if r { t } else { None }),
+        instance,
+        volume,
+        node,
+        workspace_closed_at,
+    })
+}
+
+pub fn agent_state(pod: &Pod) -> AgentState {
+    let Some(status) = pod.status.as_ref() else { return AgentState::Pending };
+    match status.phase.as_deref() {
+        Some("Running") => AgentState::Running,
+        Some("Succeeded") | Some("Failed") => {
+            let code = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .find(|c| c.name == "agent")
+                .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+                .map(|t| t.exit_code)
+                .unwrap_or(if status.phase.as_deref() == Some("Succeeded") { 0 } else { 1 });
+            AgentState::Exited(code)
+        }
+        _ => AgentState::Pending,
+    }
+}

@@ -1,0 +1,614 @@
+//! The session phase machine, as pure code: from what the operator observed
+//! (instance, node, worker heartbeat, agent Pod, key, commands) and the
+//! Sandbox's current status, it decides the next status and the side
+//! effects to make. No client here; `reconcile.rs` does the I/O.
+//!
+//! launching → running → pausing → paused → resuming → running → stopping →
+//! ended, plus failed (ended before any instance existed) and
+//! reset_incomplete (a reset step failed and is being retried).
+
+use std::time::Duration;
+
+use hangar_crds::{
+    Attempt, AttemptCause, AttemptEnd, Mode, PauseProgress, Phase, ResetStepStatus, SandboxStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::ec2::instances::InstanceState;
+
+/// What the Sandbox's spec and metadata ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Desired {
+    Run,
+    Pause,
+    /// End the session; the reason becomes `status.stopReason`.
+    End(String),
+}
+
+/// The worker's latest heartbeat, if it is fresh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerReport {
+    pub attempt: i64,
+    pub workspace_closed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentState {
+    Absent,
+    Pending,
+    Running,
+    Exited(i32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeState {
+    /// Not looked at this time (nothing in this phase needs it).
+    Unknown,
+    Absent,
+    Present { attached: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub now: Timestamp,
+    pub mode: Mode,
+    pub desired: Desired,
+    /// `None`: no instance of this session exists (or ever did).
+    pub instance: Option<InstanceState>,
+    pub volume: VolumeState,
+    /// `None`: no Node has registered for the instance.
+    pub node_ready: Option<bool>,
+    pub node_prepared: bool,
+    pub worker: Option<WorkerReport>,
+    pub agent: AgentState,
+    pub key_present: bool,
+    pub queued_commands: usize,
+    pub pause_grace: Duration,
+}
+
+/// A side effect, executed in order by the reconciler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    EnsureKey,
+    Launch,
+    EnsureVolume,
+    AttachVolume,
+    PrepareNode,
+    CreateAgentPod,
+    StopInstance { force: bool },
+    StartInstance,
+    CancelQueuedCommands,
+    TerminateInstance,
+    DeleteVolume,
+    DestroyKey,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub status: SandboxStatus,
+    pub actions: Vec<Action>,
+    /// Kubernetes Events to record: (reason, note).
+    pub events: Vec<(&'static str, String)>,
+    /// Look again after this long even if nothing is watched to change.
+    pub requeue_after: Option<Duration>,
+}
+
+/// The reset steps, in the order they run. Each is confirmed by observation.
+pub const RESET_STEPS: [&str; 4] = ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"];
+
+pub fn plan(current: &SandboxStatus, obs: &Observed) -> Plan {
+    let mut p = Plan { status: current.clone(), actions: vec![], events: vec![], requeue_after: None };
+    let phase = current.phase.unwrap_or(Phase::Launching);
+    p.status.phase = Some(phase);
+    match phase {
+        Phase::Launching => launching(&mut p, obs),
+        Phase::Running => running(&mut p, obs),
+        Phase::Pausing => pausing(&mut p, obs),
+        Phase::Paused => paused(&mut p, obs),
+        Phase::Resuming => resuming(&mut p, obs),
+        Phase::Stopping | Phase::ResetIncomplete => stopping(&mut p, obs),
+        // Interruption handling arrives with its own issue; until then an
+        // interrupted session can still be ended.
+        Phase::Interrupted => {
+            if let Desired::End(reason) = &obs.desired {
+                begin_stop(&mut p, obs, reason);
+            }
+        }
+        Phase::Ended | Phase::Failed => {}
+    }
+    p
+}
+
+fn ts(t: Timestamp) -> Time {
+    Time(t)
+}
+
+fn set_phase(p: &mut Plan, phase: Phase, reason: &'static str, note: String) {
+    if p.status.phase != Some(phase) {
+        p.status.phase = Some(phase);
+        p.events.push((reason, note));
+    }
+}
+
+fn current_attempt(p: &mut Plan) -> Option<&mut Attempt> {
+    let n = p.status.attempt?;
+    p.status.attempts.iter_mut().find(|a| a.number == n)
+}
+
+fn open_attempt(p: &mut Plan, cause: AttemptCause) {
+    let number = p.status.attempt.unwrap_or(0) + 1;
+    p.status.attempt = Some(number);
+    p.status.attempts.push(Attempt { number, cause, started_at: None, ended_at: None, end: None, compute_seconds: 0 });
+}
+
+/// Marks the current attempt's instance as running from now (metering starts).
+fn attempt_running(p: &mut Plan, now: Timestamp) {
+    if let Some(a) = current_attempt(p) {
+        if a.started_at.is_none() {
+            a.started_at = Some(ts(now));
+        }
+    }
+}
+
+fn end_attempt(p: &mut Plan, end: AttemptEnd, now: Timestamp) {
+    let Some(a) = current_attempt(p) else { return };
+    if a.end.is_some() {
+        return;
+    }
+    a.end = Some(end);
+    a.ended_at = Some(ts(now));
+    if let Some(start) = &a.started_at {
+        a.compute_seconds = (now.as_second() - start.0.as_second()).max(0);
+    }
+    let total: i64 = p.status.attempts.iter().map(|a| a.compute_seconds).sum();
+    p.status.compute_seconds = Some(total);
+}
+
+/// Node Ready, the worker of this attempt heartbeating, the agent running.
+fn attempt_ready(p: &Plan, obs: &Observed) -> bool {
+    obs.instance == Some(InstanceState::Running)
+        && obs.node_ready == Some(true)
+        && obs.worker.as_ref().is_some_and(|w| Some(w.attempt) == p.status.attempt)
+        && obs.agent == AgentState::Running
+}
+
+/// Keeps the node and the agent Pod in place while an attempt comes up.
+fn bring_up(p: &mut Plan, obs: &Observed) {
+    if obs.node_ready.is_some() {
+        if !obs.node_prepared {
+            p.actions.push(Action::PrepareNode);
+        }
+        if obs.agent == AgentState::Absent {
+            p.actions.push(Action::CreateAgentPod);
+        }
+    }
+}
+
+fn launching(p: &mut Plan, obs: &Observed) {
+    if let Desired::End(reason) = &obs.desired {
+        return begin_stop(p, obs, reason);
+    }
+    if !obs.key_present {
+        p.actions.push(Action::EnsureKey);
+    }
+    if p.status.attempts.is_empty() {
+        open_attempt(p, AttemptCause::Launch);
+    }
+    match obs.instance {
+        None => p.actions.push(Action::Launch),
+        Some(state) if state.is_gone() => {
+            // Gone before it ever ran: nothing to recover on a launch.
+            p.status.outcome = Some("outcome_unknown".into());
+            return begin_stop(p, obs, "instance_lost");
+        }
+        Some(state) => {
+            match obs.volume {
+                VolumeState::Absent => p.actions.push(Action::EnsureVolume),
+                VolumeState::Present { attached: false } if state == InstanceState::Running => {
+                    p.actions.push(Action::AttachVolume)
+                }
+                VolumeState::Present { attached: true } => p.status.volume_attached = Some(true),
+                _ => {}
+            }
+            if state == InstanceState::Running {
+                attempt_running(p, obs.now);
+                bring_up(p, obs);
+            }
+            if attempt_ready(p, obs) && p.status.volume_attached == Some(true) {
+                set_phase(p, Phase::Running, "Running", "node ready, worker reporting, agent running".into());
+            }
+        }
+    }
+}
+
+fn running(p: &mut Plan, obs: &Observed) {
+    if let Desired::End(reason) = &obs.desired {
+        return begin_stop(p, obs, reason);
+    }
+    if obs.mode == Mode::Agent {
+        if let AgentState::Exited(code) = obs.agent {
+            p.status.exit_code = Some(code);
+            p.status.outcome = Some("completed".into());
+            return begin_stop(p, obs, "agent_exited");
+        }
+    }
+    if obs.desired == Desired::Pause && obs.mode == Mode::Commands {
+        p.status.pause = Some(PauseProgress { requested_at: Some(ts(obs.now)), ..Default::default() });
+        set_phase(p, Phase::Pausing, "Pausing", "closing the workspace before stopping the instance".into());
+        p.requeue_after = Some(obs.pause_grace);
+        return;
+    }
+    // Keep the pieces in place (e.g. a node relabelled by hand).
+    bring_up(p, obs);
+}
+
+fn pausing(p: &mut Plan, obs: &Observed) {
+    if let Desired::End(reason) = &obs.desired {
+        return begin_stop(p, obs, reason);
+    }
+    let attempt = p.status.attempt;
+    let mut progress = p.status.pause.clone().unwrap_or_default();
+    let requested = progress.requested_at.as_ref().map(|t| t.0).unwrap_or(obs.now);
+    let closed = obs.worker.as_ref().is_some_and(|w| w.workspace_closed && Some(w.attempt) == attempt);
+    if closed && progress.workspace_closed_at.is_none() {
+        progress.workspace_closed_at = Some(ts(obs.now));
+    }
+    match obs.instance {
+        Some(InstanceState::Stopped) => {
+            end_attempt(p, AttemptEnd::Paused, obs.now);
+            p.status.pause = Some(progress);
+            set_phase(p, Phase::Paused, "Paused", "instance stopped; workspace volume kept".into());
+            return;
+        }
+        Some(InstanceState::Stopping) => {}
+        None | Some(InstanceState::ShuttingDown) | Some(InstanceState::Terminated) => {
+            p.status.pause = Some(progress);
+            p.status.outcome = Some("outcome_unknown".into());
+            end_attempt(p, AttemptEnd::HostLost, obs.now);
+            return begin_stop(p, obs, "instance_lost");
+        }
+        Some(_) => {
+            let waited = Duration::from_secs((obs.now.as_second() - requested.as_second()).max(0) as u64);
+            if progress.stop_requested_at.is_none() {
+                if closed {
+                    p.actions.push(Action::StopInstance { force: false });
+                    progress.stop_requested_at = Some(ts(obs.now));
+                } else if waited >= obs.pause_grace {
+                    p.actions.push(Action::StopInstance { force: true });
+                    progress.stop_requested_at = Some(ts(obs.now));
+                    progress.forced = true;
+                    p.events.push((
+                        "PauseForced",
+                        format!("no workspace-closed report within {}s; stopping anyway", obs.pause_grace.as_secs()),
+                    ));
+                } else {
+                    p.requeue_after = Some(obs.pause_grace - waited);
+                }
+            }
+        }
+    }
+    p.status.pause = Some(progress);
+}
+
+fn paused(p: &mut Plan, obs: &Observed) {
+    match &obs.desired {
+        Desired::End(reason) => begin_stop(p, obs, reason),
+        Desired::Run => {
+            open_attempt(p, AttemptCause::Resume);
+            p.status.pause = None;
+            p.actions.push(Action::StartInstance);
+            set_phase(p, Phase::Resuming, "Resuming", "starting the same instance".into());
+        }
+        Desired::Pause => {
+            if obs.instance.is_none_or(|s| s.is_gone()) {
+                p.status.outcome = Some("outcome_unknown".into());
+                begin_stop(p, obs, "instance_lost");
+            }
+        }
+    }
+}
+
+fn resuming(p: &mut Plan, obs: &Observed) {
+    if let Desired::End(reason) = &obs.desired {
+        return begin_stop(p, obs, reason);
+    }
+    match obs.instance {
+        Some(InstanceState::Stopped) => {
+            // StartInstances was refused or lost; ask again (idempotent).
+            p.actions.push(Action::StartInstance);
+        }
+        Some(InstanceState::Running) => {
+            attempt_running(p, obs.now);
+            bring_up(p, obs);
+            if attempt_ready(p, obs) {
+                set_phase(p, Phase::Running, "Resumed", format!("attempt {} running", p.status.attempt.unwrap_or(0)));
+            }
+        }
+        None | Some(InstanceState::ShuttingDown) | Some(InstanceState::Terminated) => {
+            end_attempt(p, AttemptEnd::HostLost, obs.now);
+            p.status.outcome = Some("outcome_unknown".into());
+            begin_stop(p, obs, "instance_lost");
+        }
+        _ => {}
+    }
+}
+
+/// The resume could not start the instance: back to paused, attempt ends
+/// `start_failed` (called by the reconciler when StartInstances fails).
+pub fn start_failed(status: &mut SandboxStatus, now: Timestamp) {
+    let mut p = Plan { status: status.clone(), actions: vec![], events: vec![], requeue_after: None };
+    end_attempt(&mut p, AttemptEnd::StartFailed, now);
+    p.status.phase = Some(Phase::Paused);
+    *status = p.status;
+}
+
+fn begin_stop(p: &mut Plan, obs: &Observed, reason: &str) {
+    if p.status.stop_reason.is_none() {
+        p.status.stop_reason = Some(reason.to_owned());
+    }
+    set_phase(p, Phase::Stopping, "Stopping", format!("ending the session ({reason}); running the reset"));
+    stopping(p, obs);
+}
+
+fn confirmed(status: &SandboxStatus, step: &str) -> bool {
+    status.reset.iter().any(|s| s.step == step)
+}
+
+fn stopping(p: &mut Plan, obs: &Observed) {
+    let instance_gone = obs.instance.is_none_or(|s| s == InstanceState::Terminated);
+    if instance_gone || matches!(obs.instance, Some(InstanceState::ShuttingDown)) {
+        end_attempt(p, AttemptEnd::SessionEnded, obs.now);
+    }
+    for step in RESET_STEPS {
+        if confirmed(&p.status, step) {
+            continue;
+        }
+        let (done, action) = match step {
+            "cancel_queued_commands" => (obs.queued_commands == 0, Action::CancelQueuedCommands),
+            "terminate_instance" => (instance_gone, Action::TerminateInstance),
+            "delete_volume" => (obs.volume == VolumeState::Absent, Action::DeleteVolume),
+            _ => (!obs.key_present, Action::DestroyKey),
+        };
+        if done {
+            p.status.reset.push(ResetStepStatus { step: step.to_owned(), confirmed_at: ts(obs.now) });
+            continue;
+        }
+        // Steps run in order: the volume is deleted only once the instance
+        // that held it is gone, the key only once the volume is.
+        p.actions.push(action);
+        p.requeue_after = Some(Duration::from_secs(2));
+        return;
+    }
+    let failed = p.status.instance_id.is_none() && p.status.attempts.iter().all(|a| a.started_at.is_none());
+    p.status.volume_attached = None;
+    p.status.node_name = None;
+    if failed {
+        set_phase(p, Phase::Failed, "Failed", "ended before its instance existed; reset complete".into());
+    } else {
+        set_phase(p, Phase::Ended, "Ended", "reset complete".into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn obs(now: i64) -> Observed {
+        Observed {
+            now: at(now),
+            mode: Mode::Commands,
+            desired: Desired::Run,
+            instance: None,
+            volume: VolumeState::Unknown,
+            node_ready: None,
+            node_prepared: false,
+            worker: None,
+            agent: AgentState::Absent,
+            key_present: true,
+            queued_commands: 0,
+            pause_grace: Duration::from_secs(90),
+        }
+    }
+
+    fn ready(now: i64, attempt: i64) -> Observed {
+        Observed {
+            instance: Some(InstanceState::Running),
+            volume: VolumeState::Present { attached: true },
+            node_ready: Some(true),
+            node_prepared: true,
+            worker: Some(WorkerReport { attempt, workspace_closed: false }),
+            agent: AgentState::Running,
+            ..obs(now)
+        }
+    }
+
+    fn status(phase: Phase) -> SandboxStatus {
+        SandboxStatus { phase: Some(phase), ..Default::default() }
+    }
+
+    #[test]
+    fn launching_without_instance_launches_and_opens_attempt_1() {
+        let p = plan(&SandboxStatus::default(), &Observed { key_present: false, ..obs(0) });
+        assert_eq!(p.actions, vec![Action::EnsureKey, Action::Launch]);
+        assert_eq!(p.status.phase, Some(Phase::Launching));
+        assert_eq!(p.status.attempt, Some(1));
+        assert_eq!(p.status.attempts[0].cause, AttemptCause::Launch);
+    }
+
+    #[test]
+    fn launching_creates_then_attaches_the_volume_in_the_running_instance() {
+        let mut o = obs(1);
+        o.instance = Some(InstanceState::Pending);
+        o.volume = VolumeState::Absent;
+        let p = plan(&SandboxStatus::default(), &o);
+        assert_eq!(p.actions, vec![Action::EnsureVolume]);
+        o.instance = Some(InstanceState::Running);
+        o.volume = VolumeState::Present { attached: false };
+        let p = plan(&p.status, &o);
+        assert_eq!(p.actions, vec![Action::AttachVolume]);
+        assert!(p.status.attempts[0].started_at.is_some(), "metering starts when the instance runs");
+    }
+
+    #[test]
+    fn launching_prepares_the_node_and_the_agent_pod_then_runs() {
+        let mut o = ready(2, 1);
+        o.node_prepared = false;
+        o.agent = AgentState::Absent;
+        o.worker = None;
+        let p = plan(&SandboxStatus::default(), &o);
+        assert_eq!(p.actions, vec![Action::PrepareNode, Action::CreateAgentPod]);
+        assert_eq!(p.status.phase, Some(Phase::Launching));
+        let p = plan(&p.status, &ready(3, 1));
+        assert_eq!(p.status.phase, Some(Phase::Running));
+        assert_eq!(p.events[0].0, "Running");
+        assert!(p.actions.is_empty());
+    }
+
+    #[test]
+    fn a_stale_attempts_heartbeat_does_not_count() {
+        let s = SandboxStatus { attempt: Some(2), ..status(Phase::Resuming) };
+        let p = plan(&s, &ready(0, 1));
+        assert_eq!(p.status.phase, Some(Phase::Resuming));
+    }
+
+    #[test]
+    fn pause_waits_for_the_workspace_report_then_stops() {
+        let s = SandboxStatus { attempt: Some(1), ..status(Phase::Running) };
+        let p = plan(&s, &Observed { desired: Desired::Pause, ..ready(10, 1) });
+        assert_eq!(p.status.phase, Some(Phase::Pausing));
+        assert!(p.actions.is_empty(), "nothing stops before the worker closes the workspace");
+
+        let mut o = Observed { desired: Desired::Pause, ..ready(20, 1) };
+        let p2 = plan(&p.status, &o);
+        assert!(p2.actions.is_empty());
+        assert_eq!(p2.requeue_after, Some(Duration::from_secs(80)));
+
+        o.worker = Some(WorkerReport { attempt: 1, workspace_closed: true });
+        let p3 = plan(&p2.status, &o);
+        assert_eq!(p3.actions, vec![Action::StopInstance { force: false }]);
+        let pause = p3.status.pause.clone().unwrap();
+        assert!(pause.workspace_closed_at.is_some() && !pause.forced);
+
+        // Called again before the stop shows: no second StopInstances.
+        assert!(plan(&p3.status, &o).actions.is_empty());
+    }
+
+    #[test]
+    fn pause_stops_anyway_after_the_grace_and_records_it() {
+        let s = SandboxStatus {
+            attempt: Some(1),
+            pause: Some(PauseProgress { requested_at: Some(Time(at(0))), ..Default::default() }),
+            ..status(Phase::Pausing)
+        };
+        let p = plan(&s, &Observed { desired: Desired::Pause, ..ready(90, 1) });
+        assert_eq!(p.actions, vec![Action::StopInstance { force: true }]);
+        assert!(p.status.pause.unwrap().forced);
+        assert_eq!(p.events[0].0, "PauseForced");
+    }
+
+    #[test]
+    fn stopped_instance_ends_the_attempt_paused_with_its_compute() {
+        let mut s = SandboxStatus { attempt: Some(1), ..status(Phase::Pausing) };
+        s.attempts.push(Attempt {
+            number: 1,
+            cause: AttemptCause::Launch,
+            started_at: Some(Time(at(0))),
+            ended_at: None,
+            end: None,
+            compute_seconds: 0,
+        });
+        let o = Observed { desired: Desired::Pause, instance: Some(InstanceState::Stopped), ..obs(125) };
+        let p = plan(&s, &o);
+        assert_eq!(p.status.phase, Some(Phase::Paused));
+        assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::Paused));
+        assert_eq!(p.status.attempts[0].compute_seconds, 125);
+        assert_eq!(p.status.compute_seconds, Some(125));
+    }
+
+    #[test]
+    fn resume_starts_the_same_instance_as_attempt_2() {
+        let s = SandboxStatus { attempt: Some(1), ..status(Phase::Paused) };
+        let p = plan(&s, &Observed { instance: Some(InstanceState::Stopped), ..obs(0) });
+        assert_eq!(p.actions, vec![Action::StartInstance]);
+        assert_eq!(p.status.phase, Some(Phase::Resuming));
+        assert_eq!(p.status.attempt, Some(2));
+        assert_eq!(p.status.attempts.last().unwrap().cause, AttemptCause::Resume);
+        let p2 = plan(&p.status, &ready(5, 2));
+        assert_eq!(p2.status.phase, Some(Phase::Running));
+    }
+
+    #[test]
+    fn a_failed_start_returns_to_paused_with_start_failed() {
+        let s = SandboxStatus { attempt: Some(1), ..status(Phase::Paused) };
+        let mut p = plan(&s, &Observed { instance: Some(InstanceState::Stopped), ..obs(0) });
+        start_failed(&mut p.status, at(1));
+        assert_eq!(p.status.phase, Some(Phase::Paused));
+        assert_eq!(p.status.attempts.last().unwrap().end, Some(AttemptEnd::StartFailed));
+    }
+
+    #[test]
+    fn agent_mode_never_pauses() {
+        let s = SandboxStatus { attempt: Some(1), ..status(Phase::Running) };
+        let p = plan(&s, &Observed { mode: Mode::Agent, desired: Desired::Pause, ..ready(0, 1) });
+        assert_eq!(p.status.phase, Some(Phase::Running));
+    }
+
+    #[test]
+    fn agent_exit_ends_the_session_with_its_code() {
+        let s = SandboxStatus { attempt: Some(1), instance_id: Some("i-1".into()), ..status(Phase::Running) };
+        let p = plan(&s, &Observed { mode: Mode::Agent, agent: AgentState::Exited(3), ..ready(0, 1) });
+        assert_eq!(p.status.phase, Some(Phase::Stopping));
+        assert_eq!(p.status.exit_code, Some(3));
+        assert_eq!(p.status.stop_reason.as_deref(), Some("agent_exited"));
+    }
+
+    #[test]
+    fn reset_runs_its_steps_in_order_each_confirmed_by_observation() {
+        let s = SandboxStatus { attempt: Some(1), instance_id: Some("i-1".into()), ..status(Phase::Running) };
+        let mut o = Observed { desired: Desired::End("cancelled".into()), queued_commands: 2, ..ready(0, 1) };
+        let p = plan(&s, &o);
+        assert_eq!(p.status.phase, Some(Phase::Stopping));
+        assert_eq!(p.actions, vec![Action::CancelQueuedCommands]);
+
+        o.queued_commands = 0;
+        let p = plan(&p.status, &o);
+        assert_eq!(p.actions, vec![Action::TerminateInstance]);
+        assert_eq!(p.status.reset.len(), 1);
+
+        o.instance = Some(InstanceState::Terminated);
+        let p = plan(&p.status, &o);
+        assert_eq!(p.actions, vec![Action::DeleteVolume]);
+        assert_eq!(p.status.attempts.len(), 0, "no attempt recorded in this synthetic status");
+
+        o.volume = VolumeState::Absent;
+        let p = plan(&p.status, &o);
+        assert_eq!(p.actions, vec![Action::DestroyKey]);
+
+        o.key_present = false;
+        let p = plan(&p.status, &o);
+        assert!(p.actions.is_empty());
+        assert_eq!(p.status.phase, Some(Phase::Ended));
+        let steps: Vec<&str> = p.status.reset.iter().map(|s| s.step.as_str()).collect();
+        assert_eq!(steps, RESET_STEPS);
+    }
+
+    #[test]
+    fn ending_before_any_instance_is_failed() {
+        let o = Observed { desired: Desired::End("launch_failed".into()), volume: VolumeState::Absent, key_present: false, ..obs(0) };
+        let p = plan(&SandboxStatus::default(), &o);
+        assert_eq!(p.status.phase, Some(Phase::Failed));
+        assert_eq!(p.status.stop_reason.as_deref(), Some("launch_failed"));
+    }
+
+    #[test]
+    fn ended_is_terminal() {
+        let p = plan(&status(Phase::Ended), &Observed { desired: Desired::Run, ..obs(0) });
+        assert_eq!(p.status.phase, Some(Phase::Ended));
+        assert!(p.actions.is_empty());
+    }
+}

@@ -1,0 +1,173 @@
+//! Operator configuration: flags, each with an environment variable, as the
+//! Helm chart passes them.
+
+use std::time::Duration;
+
+use clap::Parser;
+use hangar_crds::Size;
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "hangar-operator", version, about = "Runs hangar sandbox sessions on dedicated arm64 EC2 nodes")]
+pub struct Settings {
+    /// Name of the cluster the instances join (EC2 tags, user data).
+    #[arg(long, env = "HANGAR_CLUSTER_NAME", default_value = "hangar-local")]
+    pub cluster_name: String,
+    /// The cluster's API endpoint, written into the instances' user data.
+    #[arg(long, env = "HANGAR_CLUSTER_ENDPOINT", default_value = "https://127.0.0.1:6443")]
+    pub cluster_endpoint: String,
+    /// The cluster's CA bundle (base64 PEM), written into the user data.
+    #[arg(long, env = "HANGAR_CLUSTER_CA", default_value = "")]
+    pub cluster_ca: String,
+    /// Service CIDR of the cluster, for nodeadm.
+    #[arg(long, env = "HANGAR_CLUSTER_CIDR", default_value = "10.96.0.0/16")]
+    pub cluster_cidr: String,
+    #[arg(long, env = "AWS_REGION", default_value = "ap-southeast-2")]
+    pub aws_region: String,
+    /// EC2 endpoint override (moto in local runs).
+    #[arg(long, env = "HANGAR_EC2_ENDPOINT")]
+    pub ec2_endpoint: Option<String>,
+    /// arm64 AL2023 AMI the sessions boot.
+    #[arg(long, env = "HANGAR_AMI_ID", default_value = "ami-0a1b2c3d4e5f60718")]
+    pub ami_id: String,
+    /// Subnet per zone, `zone=subnet-id`, repeatable; tried in order.
+    #[arg(long = "subnet", env = "HANGAR_SUBNETS", value_delimiter = ',', value_parser = parse_pair)]
+    pub subnets: Vec<(String, String)>,
+    #[arg(long = "security-group", env = "HANGAR_SECURITY_GROUPS", value_delimiter = ',')]
+    pub security_groups: Vec<String>,
+    /// Instance types of a size, `size=type1/type2`, repeatable; tried in order.
+    #[arg(long = "instance-types", env = "HANGAR_INSTANCE_TYPES", value_delimiter = ',', value_parser = parse_pair)]
+    pub instance_types: Vec<(String, String)>,
+    /// Workspace volume size in GiB.
+    #[arg(long, env = "HANGAR_VOLUME_GIB", default_value_t = 20)]
+    pub volume_gib: i32,
+    /// Namespace of the operator's own Leases (leader election, heartbeats).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "hangar-system")]
+    pub system_namespace: String,
+    /// Serve only these namespaces (comma-separated); empty: all.
+    #[arg(long, env = "HANGAR_WATCH_NAMESPACES", value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
+    #[arg(long, env = "HANGAR_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "hangar-system")]
+    pub leader_election_namespace: String,
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    #[arg(long, default_value_t = 10)]
+    pub renew_deadline_seconds: u64,
+    #[arg(long, default_value_t = 2)]
+    pub retry_period_seconds: u64,
+    /// Identity in leader election.
+    #[arg(long, env = "POD_NAME", default_value = "hangar-operator")]
+    pub pod_name: String,
+    /// Seconds to wait for the worker's workspace-closed report before
+    /// stopping the instance anyway.
+    #[arg(long, env = "HANGAR_PAUSE_GRACE_SECONDS", default_value_t = 90)]
+    pub pause_grace_seconds: u64,
+    /// A heartbeat older than this does not count as the worker reporting.
+    #[arg(long, env = "HANGAR_HEARTBEAT_STALE_SECONDS", default_value_t = 30)]
+    pub heartbeat_stale_seconds: u64,
+    /// How often one DescribeInstances call refreshes every session's instance.
+    #[arg(long, env = "HANGAR_DESCRIBE_INTERVAL_MS", default_value_t = 2000)]
+    pub describe_interval_ms: u64,
+    /// How often tagged instances and volumes without a session are removed.
+    #[arg(long, env = "HANGAR_ORPHAN_SWEEP_SECONDS", default_value_t = 300)]
+    pub orphan_sweep_seconds: u64,
+    /// File holding the organisation key (32 bytes, base64) that seals
+    /// session keys. Unset: a key is generated and kept in a Secret.
+    #[arg(long, env = "HANGAR_ORG_KEY_FILE")]
+    pub org_key_file: Option<std::path::PathBuf>,
+    /// Address of the health and metrics endpoint.
+    #[arg(long, env = "HANGAR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: String,
+    /// Output store URL (used by later controllers).
+    #[arg(long, env = "HANGAR_OUTPUT_STORE")]
+    pub output_store: Option<String>,
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+impl Settings {
+    /// Instance types for a size, in fallback order. Defaults are Graviton.
+    pub fn instance_types_for(&self, size: Size) -> Vec<String> {
+        let key = size_name(size);
+        let configured: Vec<String> = self
+            .instance_types
+            .iter()
+            .filter(|(s, _)| s == key)
+            .flat_map(|(_, v)| v.split('/').map(str::to_owned))
+            .collect();
+        if !configured.is_empty() {
+            return configured;
+        }
+        match size {
+            Size::Tiny => vec!["t4g.small".into()],
+            Size::Small => vec!["m7g.large".into(), "m6g.large".into()],
+            Size::Medium => vec!["m7g.xlarge".into(), "m6g.xlarge".into()],
+            Size::Large => vec!["m7g.2xlarge".into(), "m6g.2xlarge".into()],
+        }
+    }
+
+    /// (zone, subnet) pairs in fallback order; without configuration, the
+    /// region's `a` zone and the default subnet.
+    pub fn placements(&self) -> Vec<(String, Option<String>)> {
+        if self.subnets.is_empty() {
+            return vec![(format!("{}a", self.aws_region), None)];
+        }
+        self.subnets.iter().map(|(z, s)| (z.clone(), Some(s.clone()))).collect()
+    }
+
+    pub fn pause_grace(&self) -> Duration {
+        Duration::from_secs(self.pause_grace_seconds)
+    }
+
+    pub fn describe_interval(&self) -> Duration {
+        Duration::from_millis(self.describe_interval_ms)
+    }
+}
+
+pub fn size_name(size: Size) -> &'static str {
+    match size {
+        Size::Tiny => "tiny",
+        Size::Small => "small",
+        Size::Medium => "medium",
+        Size::Large => "large",
+    }
+}
+
+/// vCPUs and memory of the Graviton types hangar uses (for node labels and
+/// `status.memoryGiB`). Unknown types report nothing rather than a guess.
+pub fn shape_of(instance_type: &str) -> Option<(u32, u32)> {
+    let size = instance_type.split('.').nth(1)?;
+    let family = instance_type.split('.').next()?;
+    let (cpu, mem_per_cpu) = match size {
+        "medium" => (1, 4),
+        "large" => (2, 4),
+        "xlarge" => (4, 4),
+        "2xlarge" => (8, 4),
+        "4xlarge" => (16, 4),
+        "small" if family.starts_with('t') => (2, 1),
+        _ => return None,
+    };
+    let mem_per_cpu = if family.starts_with('c') { mem_per_cpu / 2 } else if family.starts_with('r') { mem_per_cpu * 2 } else { mem_per_cpu };
+    Some((cpu, cpu * mem_per_cpu))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_types_fall_back_to_graviton_defaults() {
+        let s = Settings::parse_from(["op", "--instance-types", "small=c7g.large/c6g.large"]);
+        assert_eq!(s.instance_types_for(Size::Small), ["c7g.large", "c6g.large"]);
+        assert_eq!(s.instance_types_for(Size::Tiny), ["t4g.small"]);
+        assert_eq!(shape_of("m7g.large"), Some((2, 8)));
+        assert_eq!(shape_of("c7g.xlarge"), Some((4, 8)));
+        assert_eq!(shape_of("t4g.small"), Some((2, 2)));
+    }
+}
