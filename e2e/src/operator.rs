@@ -84,6 +84,17 @@ impl OperatorProcess {
         self.spawn()
     }
 
+    /// Restarts with a different extra environment (e.g. a failpoint armed).
+    pub fn restart_with(&mut self, extra_env: &[(&str, &str)]) -> Result<()> {
+        self.extra_env = extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.restart()
+    }
+
+    /// True once the process has exited (e.g. at an armed failpoint).
+    pub fn has_exited(&mut self) -> bool {
+        self.process.as_mut().is_none_or(|p| p.check_alive().is_err())
+    }
+
     pub fn metrics(&self) -> String {
         http_get(self.metrics_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }

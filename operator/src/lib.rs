@@ -11,6 +11,7 @@
 pub mod context;
 pub mod ec2;
 pub mod error;
+pub mod failpoint;
 pub mod keys;
 pub mod leader;
 pub mod lifecycle;

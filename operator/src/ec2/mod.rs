@@ -82,7 +82,10 @@ impl Ec2 {
             };
             counter.fetch_add(1, Ordering::Relaxed);
             match f().await {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    crate::failpoint::hit(&format!("after:{operation}"));
+                    return Ok(v);
+                }
                 Err(e) => {
                     let err = match e.code() {
                         Some(code) => Ec2Error::classify(operation, Some(code), e.message()),

@@ -46,6 +46,13 @@ impl InstanceWatcher {
         self.inner.by_session.read().expect("lock").get(session_id).cloned()
     }
 
+    /// The Sandbox an instance belongs to (from its tags).
+    pub fn sandbox_of_instance(&self, instance_id: &str) -> Option<ObjectRef<hangar_crds::Sandbox>> {
+        let map = self.inner.by_session.read().expect("lock");
+        let v = map.values().find(|v| v.id == instance_id)?;
+        Some(ObjectRef::new(v.sandbox.as_deref()?).within(v.namespace.as_deref()?))
+    }
+
     pub fn len(&self) -> usize {
         self.inner.by_session.read().expect("lock").len()
     }

@@ -27,7 +27,7 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL};
+use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL, instance_of_provider_id};
 use actions::{FIELD_MANAGER, Session};
 
 pub const FINALIZER: &str = "hangar.dev/session";
@@ -57,13 +57,20 @@ pub async fn run(
     let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
     let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
     let serves2 = serves.clone();
+    let instances = ctx.instances.clone();
 
     Controller::new(sandboxes, watcher::Config::default().any_semantic())
         .owns(pods, watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"))
         .watches_stream(nodes, move |node: Node| {
             let labels = node.labels();
-            let (name, ns) = (labels.get(SESSION_LABEL)?, labels.get(SESSION_NAMESPACE_LABEL)?);
-            serves(ns).then(|| ObjectRef::new(name).within(ns))
+            if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
+                return serves(ns).then(|| ObjectRef::new(name).within(ns));
+            }
+            // A node that just registered carries no session labels yet:
+            // map it by its providerID to the instance's Sandbox.
+            let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
+            let sandbox = instances.sandbox_of_instance(instance_of_provider_id(provider_id)?)?;
+            serves(sandbox.namespace.as_deref()?).then_some(sandbox)
         })
         .watches_stream(leases, move |lease: Lease| {
             let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
@@ -123,7 +130,11 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     ensure_finalizer(&api, &sandbox).await?;
 
     let obs = observe::observe(&ctx, &sandbox, &session_id).await?;
-    let plan = phase::plan(&current, &obs.observed);
+    // What EC2 shows is the truth about this session's resources, even when
+    // a crash kept the status from recording them.
+    let mut known = current.clone();
+    adopt(&mut known, &obs);
+    let plan = phase::plan(&known, &obs.observed);
     tracing::Span::current().record("phase", tracing::field::debug(plan.status.phase));
 
     let session = Session { sandbox: &sandbox, session_id: &session_id, namespace: &ns, name: &name };
@@ -162,11 +173,29 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         remove_finalizer(&api, &sandbox).await?;
         return Ok(Requeue::await_change());
     }
+    // Watches wake us as soon as anything changes; the requeue is the
+    // level-triggered safety net, tighter while a transition is under way.
+    let transitional = matches!(status.phase, Some(Phase::Launching | Phase::Pausing | Phase::Resuming | Phase::Stopping));
     Ok(match plan.requeue_after {
         Some(d) => Requeue::requeue(d),
-        // Level-triggered safety net; watches wake us much sooner.
+        None if transitional => Requeue::requeue(Duration::from_secs(10)),
         None => Requeue::requeue(Duration::from_secs(60)),
     })
+}
+
+/// Records the instance and volume found by tag in the status.
+fn adopt(status: &mut SandboxStatus, obs: &observe::Observation) {
+    if let Some(i) = obs.instance.as_ref().filter(|i| !i.state.is_gone()) {
+        if status.instance_id.as_deref() != Some(i.id.as_str()) {
+            status.instance_id = Some(i.id.clone());
+            status.instance_type = Some(i.instance_type.clone());
+            status.zone = Some(i.zone.clone());
+            status.memory_gib = crate::settings::shape_of(&i.instance_type).map(|(_, m)| m as i64);
+        }
+    }
+    if let Some(v) = &obs.volume {
+        status.volume_id = Some(v.id.clone());
+    }
 }
 
 async fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, type_: EventType) {
