@@ -8,6 +8,7 @@
 pub mod build;
 pub mod control_plane;
 pub mod ec2;
+pub mod ec2_faults;
 pub mod error;
 pub mod moto;
 pub mod node_sim;

@@ -59,6 +59,7 @@ impl OperatorProcess {
             .env("POD_NAMESPACE", SYSTEM_NAMESPACE)
             .env("HANGAR_METRICS_ADDR", format!("127.0.0.1:{}", self.metrics_port))
             .env("HANGAR_DESCRIBE_INTERVAL_MS", "300")
+            .env("HANGAR_ORPHAN_SWEEP_SECONDS", "2")
             .env("RUST_LOG", std::env::var("HANGAR_OPERATOR_LOG").unwrap_or_else(|_| "info".into()));
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
@@ -87,6 +88,12 @@ impl OperatorProcess {
     /// Restarts with a different extra environment (e.g. a failpoint armed).
     pub fn restart_with(&mut self, extra_env: &[(&str, &str)]) -> Result<()> {
         self.extra_env = extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.restart()
+    }
+
+    /// Restarts talking to another EC2 endpoint (e.g. the fault proxy).
+    pub fn restart_with_endpoint(&mut self, endpoint: &str) -> Result<()> {
+        self.ec2_endpoint = endpoint.to_owned();
         self.restart()
     }
 

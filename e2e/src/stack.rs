@@ -23,9 +23,6 @@ pub struct LocalStack {
 pub struct StackOptions {
     /// Extra environment for the operator, e.g. HANGAR_PAUSE_GRACE_SECONDS.
     pub operator_env: Vec<(String, String)>,
-    /// EC2 endpoint for the operator, e.g. a fault-injecting proxy; moto's
-    /// own when `None`.
-    pub operator_ec2_endpoint: Option<String>,
 }
 
 impl LocalStack {
@@ -36,8 +33,7 @@ impl LocalStack {
             tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
         }
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let endpoint = opts.operator_ec2_endpoint.clone().unwrap_or_else(|| moto.endpoint());
-        let operator = OperatorProcess::start(&cp, &endpoint, &env)?;
+        let operator = OperatorProcess::start(&cp, &moto.endpoint(), &env)?;
         let sim = NodeSimulator::start(SimConfig {
             ec2_endpoint: moto.endpoint(),
             kubeconfig: cp.kubeconfig.clone(),

@@ -154,3 +154,56 @@ async fn pause_in_mode_agent_is_refused_and_changes_nothing() {
     let session = before.uid().unwrap();
     assert!(session_instances(&ec2, &session).await.iter().all(|(_, s)| *s == InstanceStateName::Terminated));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orphan_sweep_removes_instances_and_volumes_whose_session_is_gone() {
+    use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
+    let stack = shared_stack();
+    let ec2 = ec2_client(&stack.moto.endpoint()).await;
+    let ghost = "00000000-dead-4000-8000-000000000000";
+    let tags = |r: ResourceType, role: bool| {
+        let mut b = TagSpecification::builder()
+            .resource_type(r)
+            .tags(Tag::builder().key("hangar.dev/session-id").value(ghost).build())
+            .tags(Tag::builder().key("hangar.dev/cluster").value("hangar-local").build());
+        if role {
+            b = b.tags(Tag::builder().key("hangar.dev/role").value("workspace").build());
+        }
+        b.build()
+    };
+    ec2.run_instances()
+        .image_id("ami-0a1b2c3d4e5f60718")
+        .instance_type(InstanceType::T4gSmall)
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(tags(ResourceType::Instance, false))
+        .send()
+        .await
+        .unwrap();
+    ec2.create_volume()
+        .availability_zone("ap-southeast-2a")
+        .size(1)
+        .tag_specifications(tags(ResourceType::Volume, true))
+        .send()
+        .await
+        .unwrap();
+    // An untagged instance is not hangar's and must survive.
+    let foreign = ec2.run_instances().image_id("ami-0a1b2c3d4e5f60718").min_count(1).max_count(1).send().await.unwrap();
+    let foreign_id = foreign.instances()[0].instance_id().unwrap().to_owned();
+
+    let start = Instant::now();
+    loop {
+        let instances = session_instances(&ec2, ghost).await;
+        let volumes = session_volumes(&ec2, ghost).await;
+        let gone = instances.iter().all(|(_, s)| *s == InstanceStateName::Terminated)
+            && volumes.iter().all(|(_, s)| s == "deleted");
+        if gone {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "orphans left: {instances:?} {volumes:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let foreign_state = ec2.describe_instances().instance_ids(&foreign_id).send().await.unwrap();
+    let state = foreign_state.reservations()[0].instances()[0].state().unwrap().name().unwrap().clone();
+    assert_eq!(state, InstanceStateName::Running, "untagged instances are left alone");
+}

@@ -1,0 +1,169 @@
+//! A loopback proxy in front of moto that injects EC2 API errors
+//! (throttling, capacity, bad configuration) for the calls a test names,
+//! and forwards everything else untouched. It records every call it sees.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::process::free_port;
+
+/// Answer the next `times` calls of `action` whose form body contains every
+/// string of `body_contains` with EC2 error `code` and HTTP `status`.
+#[derive(Clone, Debug)]
+pub struct Fault {
+    pub action: &'static str,
+    pub body_contains: Vec<String>,
+    pub code: &'static str,
+    pub status: u16,
+    pub times: usize,
+}
+
+/// One call the proxy saw: its action, the error injected (if any) and the
+/// request body.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub action: String,
+    pub injected: Option<&'static str>,
+    pub body: String,
+}
+
+pub struct FaultProxy {
+    pub port: u16,
+    faults: Arc<Mutex<Vec<Fault>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl FaultProxy {
+    pub fn start(upstream_port: u16) -> Self {
+        let port = free_port();
+        let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (f, s) = (faults.clone(), seen.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ec2-fault-proxy".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind fault proxy");
+                    let _ = ready_tx.send(());
+                    loop {
+                        tokio::select! {
+                            accepted = listener.accept() => {
+                                let Ok((sock, _)) = accepted else { continue };
+                                tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone()));
+                            }
+                            _ = &mut stopped => return,
+                        }
+                    }
+                });
+            })
+            .expect("proxy thread");
+        let _ = ready_rx.recv();
+        Self { port, faults, seen, stop: Some(stop), thread: Some(thread) }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn inject(&self, fault: Fault) {
+        self.faults.lock().expect("faults").push(fault);
+    }
+
+    /// Calls seen whose body contains `marker`.
+    pub fn seen(&self, marker: &str) -> Vec<Seen> {
+        self.seen.lock().expect("seen").iter().filter(|s| s.body.contains(marker)).cloned().collect()
+    }
+}
+
+async fn read_request(sock: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-length")))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Ok((head, body))
+}
+
+async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>>>, seen: Arc<Mutex<Vec<Seen>>>) {
+    let Ok((head, body)) = read_request(&mut sock).await else { return };
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let action = text
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("Action="))
+        .unwrap_or_default()
+        .to_owned();
+    let injected = {
+        let mut faults = faults.lock().expect("faults");
+        faults
+            .iter_mut()
+            .find(|f| f.times > 0 && f.action == action && f.body_contains.iter().all(|m| text.contains(m.as_str())))
+            .map(|f| {
+                f.times -= 1;
+                (f.code, f.status)
+            })
+    };
+    seen.lock().expect("seen").push(Seen { action, injected: injected.map(|i| i.0), body: text });
+    if let Some((code, status)) = injected {
+        let xml = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the hangar test proxy</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>"
+        );
+        let resp = format!(
+            "HTTP/1.1 {status} Injected\r\nContent-Type: text/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{xml}",
+            xml.len()
+        );
+        let _ = sock.write_all(resp.as_bytes()).await;
+        return;
+    }
+    // Forward, one request per connection.
+    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+    let head: String = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .filter(|l| !l.is_empty())
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    let _ = up.write_all(format!("{head}Connection: close\r\n\r\n").as_bytes()).await;
+    let _ = up.write_all(&body).await;
+    let mut resp = Vec::new();
+    let _ = up.read_to_end(&mut resp).await;
+    let _ = sock.write_all(&resp).await;
+}

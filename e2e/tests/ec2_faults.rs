@@ -1,0 +1,140 @@
+//! EC2 faults, injected by a loopback proxy in front of moto: throttling is
+//! retried with backoff, a capacity error falls back to the next instance
+//! type, and an invalid configuration fails the session with a readable
+//! reason and leaves nothing behind.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use hangar_crds::{Phase, Sandbox};
+use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
+use hangar_e2e::ec2_faults::{Fault, FaultProxy};
+use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+const DEADLINE: Duration = Duration::from_secs(90);
+
+struct Faulty {
+    proxy: FaultProxy,
+    stack: LocalStack,
+}
+
+/// A stack whose operator reaches EC2 through the fault proxy.
+fn faulty() -> &'static Faulty {
+    static S: OnceLock<Faulty> = OnceLock::new();
+    S.get_or_init(|| {
+        let cp = ControlPlane::start().expect("control plane");
+        // The proxy forwards to this stack's moto, so the operator is
+        // pointed at it once both exist.
+        let stack = LocalStack::start(cp, StackOptions::default()).expect("stack");
+        let proxy = FaultProxy::start(stack.moto.port);
+        stack.operator().restart_with_endpoint(&proxy.endpoint()).expect("operator via proxy");
+        Faulty { proxy, stack }
+    })
+}
+
+async fn start_session(stack: &LocalStack, ns: &str, name: &str) -> (Api<Sandbox>, Sandbox) {
+    let client = stack.cp.client().await.unwrap();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let _ = namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap()).await;
+    let api: Api<Sandbox> = Api::namespaced(client, ns);
+    let s: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": {"mode": "commands", "image": IMAGE, "size": "small"},
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &s).await.unwrap();
+    (api, created)
+}
+
+async fn wait_phase(stack: &LocalStack, api: &Api<Sandbox>, name: &str, want: Phase) -> Sandbox {
+    let start = Instant::now();
+    loop {
+        let s = api.get(name).await.unwrap();
+        if s.status.as_ref().and_then(|st| st.phase) == Some(want) {
+            return s;
+        }
+        assert!(start.elapsed() < DEADLINE, "{name}: not {want:?}: {:?}\n{}", s.status, stack.operator().log_tail(20));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
+    let f = faulty();
+    // The Name tag (hangar-<namespace>-<name>) is in the RunInstances body.
+    let marker = "hangar-faults-fallback";
+    f.proxy.inject(Fault {
+        action: "RunInstances",
+        body_contains: vec![marker.into()],
+        code: "RequestLimitExceeded",
+        status: 503,
+        times: 2,
+    });
+    f.proxy.inject(Fault {
+        action: "RunInstances",
+        body_contains: vec![marker.into(), "InstanceType=m7g.large".into()],
+        code: "InsufficientInstanceCapacity",
+        status: 500,
+        times: 1,
+    });
+    let (api, created) = start_session(&f.stack, "faults", "fallback").await;
+    let s = wait_phase(&f.stack, &api, "fallback", Phase::Running).await;
+    let status = s.status.unwrap();
+    assert_eq!(status.instance_type.as_deref(), Some("m6g.large"), "fell back to the second type of size small");
+
+    let calls: Vec<_> = f.proxy.seen(marker).into_iter().filter(|c| c.action == "RunInstances").collect();
+    let injected: Vec<Option<&str>> = calls.iter().map(|c| c.injected).collect();
+    assert_eq!(
+        injected,
+        [Some("RequestLimitExceeded"), Some("RequestLimitExceeded"), Some("InsufficientInstanceCapacity"), None],
+        "two throttled tries, one capacity error, then the fallback"
+    );
+    assert!(calls[3].body.contains("InstanceType=m6g.large"));
+    let metrics = f.stack.operator().metrics();
+    let throttled: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("hangar_ec2_throttled_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(throttled >= 2, "throttles counted: {metrics}");
+    let ec2 = ec2_client(&f.stack.moto.endpoint()).await;
+    assert_eq!(session_instances(&ec2, &created.uid().unwrap()).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
+    let f = faulty();
+    let marker = "hangar-faults-badami";
+    f.proxy.inject(Fault {
+        action: "RunInstances",
+        body_contains: vec![marker.into()],
+        code: "InvalidAMIID.NotFound",
+        status: 400,
+        times: 1,
+    });
+    let (api, created) = start_session(&f.stack, "faults", "badami").await;
+    let session = created.uid().unwrap();
+    let s = wait_phase(&f.stack, &api, "badami", Phase::Failed).await;
+    let status = s.status.unwrap();
+    let reason = status.stop_reason.unwrap_or_default();
+    assert!(reason.starts_with("launch_failed: InvalidAMIID.NotFound"), "readable reason: {reason}");
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Failed"));
+    assert!(ready.message.contains("InvalidAMIID"), "{}", ready.message);
+
+    let ec2 = ec2_client(&f.stack.moto.endpoint()).await;
+    assert!(session_instances(&ec2, &session).await.is_empty(), "no instance");
+    assert!(session_volumes(&ec2, &session).await.is_empty(), "no volume");
+    let secrets: Api<Secret> = Api::namespaced(f.stack.cp.client().await.unwrap(), "hangar-system");
+    assert!(secrets.get_opt(&format!("hangar-session-key-{session}")).await.unwrap().is_none(), "no key");
+    let start = Instant::now();
+    while !api.get("badami").await.unwrap().finalizers().is_empty() {
+        assert!(start.elapsed() < DEADLINE, "finalizer still present");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
