@@ -7,12 +7,13 @@ export HANGAR_CACHE ?= $(HOME)/.cache/hangar
 export CARGO_TARGET_DIR ?= $(HANGAR_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: up test crds deps binaries moto help
+.PHONY: up test crds bench deps binaries moto help
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
 	@echo "make test   every test, from nothing"
 	@echo "make crds   regenerate crds/manifests and charts/hangar/crds from the Rust types"
+	@echo "make bench  lifecycle benchmark (release build), prints figures"
 
 ## Build what is missing (progress on stderr), then run until Ctrl-C.
 up: deps
@@ -38,3 +39,9 @@ binaries:
 
 moto:
 	@bash e2e/scripts/moto-venv.sh >/dev/null
+
+## Lifecycle benchmark (release build): prints latency, call-count and
+## memory figures over 100 sessions (and 1,000 paused for memory).
+bench: deps
+	$(CARGO) build --release --workspace --bins
+	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)

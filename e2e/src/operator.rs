@@ -106,6 +106,10 @@ impl OperatorProcess {
         http_get(self.metrics_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.id())
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         crate::process::tail(&self.log, lines)
     }

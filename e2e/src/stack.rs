@@ -23,6 +23,8 @@ pub struct LocalStack {
 pub struct StackOptions {
     /// Extra environment for the operator, e.g. HANGAR_PAUSE_GRACE_SECONDS.
     pub operator_env: Vec<(String, String)>,
+    /// How often simulated workers renew their heartbeat (default 500 ms).
+    pub worker_heartbeat_ms: Option<u64>,
 }
 
 impl LocalStack {
@@ -42,7 +44,7 @@ impl LocalStack {
             log_dir: cp.dir().to_path_buf(),
             system_namespace: SYSTEM_NAMESPACE.into(),
             cluster_name: CLUSTER_NAME.into(),
-            heartbeat_ms: 500,
+            heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
         Ok(Self { sim, operator: Mutex::new(operator), moto, cp })
     }

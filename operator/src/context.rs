@@ -33,19 +33,45 @@ pub struct Metrics {
     pub reconciles: AtomicU64,
     pub reconcile_errors: AtomicU64,
     pub samples: std::sync::Mutex<Samples>,
+    /// Per session: when its node was first seen Ready in this attempt.
+    pub first_seen: std::sync::Mutex<std::collections::HashMap<String, FirstSeen>>,
+    /// Per `namespace/name`: when the last related watch event arrived.
+    pub trigger_at: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+}
+
+#[derive(Default, Clone, Copy, Debug)]
+pub struct FirstSeen {
+    pub attempt: i64,
+    pub node_ready: Option<i64>,
 }
 
 #[derive(Default, Clone, Debug)]
 pub struct Samples {
-    /// Sandbox created → RunInstances called.
-    pub apply_to_run_instances_ms: Vec<u64>,
-    /// Node Ready → phase running written.
+    /// When RunInstances was called, per `namespace/name` (epoch ms): the
+    /// benchmark subtracts the time its create call returned.
+    pub run_instances_at_ms: std::collections::BTreeMap<String, i64>,
+    /// Node Ready first observed → phase running written.
     pub node_ready_to_running_ms: Vec<u64>,
+    /// The watch event (node, heartbeat Lease, agent Pod) that completed the
+    /// prerequisites arrived → phase running written: the operator's own
+    /// overhead.
+    pub event_to_running_ms: Vec<u64>,
     /// Worker reported workspace closed → StopInstances called.
     pub workspace_closed_to_stop_ms: Vec<u64>,
 }
 
 impl Metrics {
+    pub fn triggered(&self, namespace: &str, name: &str) {
+        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        if let Ok(mut m) = self.trigger_at.lock() {
+            m.insert(format!("{namespace}/{name}"), now);
+        }
+    }
+
+    pub fn last_trigger(&self, namespace: &str, name: &str) -> Option<i64> {
+        self.trigger_at.lock().ok()?.get(&format!("{namespace}/{name}")).copied()
+    }
+
     pub fn record(&self, f: impl FnOnce(&mut Samples)) {
         if let Ok(mut s) = self.samples.lock() {
             f(&mut s);

@@ -44,9 +44,12 @@ fn metrics(ctx: &Context) -> String {
     line("hangar_reconcile_errors_total", ctx.metrics.reconcile_errors.load(Ordering::Relaxed));
     line("hangar_watched_instances", ctx.instances.len() as u64);
     if let Ok(s) = ctx.metrics.samples.lock() {
+        for (sandbox, at) in &s.run_instances_at_ms {
+            out.push_str(&format!("hangar_run_instances_at_ms{{sandbox=\"{sandbox}\"}} {at}\n"));
+        }
         for (name, samples) in [
-            ("hangar_apply_to_run_instances_ms", &s.apply_to_run_instances_ms),
             ("hangar_node_ready_to_running_ms", &s.node_ready_to_running_ms),
+            ("hangar_event_to_running_ms", &s.event_to_running_ms),
             ("hangar_workspace_closed_to_stop_ms", &s.workspace_closed_to_stop_ms),
         ] {
             // Raw samples, one per line, for the benchmark to take quantiles.

@@ -121,14 +121,11 @@ impl Ec2 {
         }
     }
 
-    /// The session's instance: the one already launched (found by tag), or a
-    /// new one. Capacity errors move on to the next instance type, then the
-    /// next zone; configuration errors stop at once.
+    /// A new instance for the session. The caller has already looked for
+    /// one by tag (the instance watcher's view, described by tag at start-up
+    /// and kept current); capacity errors move on to the next instance type,
+    /// then the next zone; configuration errors stop at once.
     pub async fn launch(&self, req: &LaunchRequest<'_>) -> Result<InstanceView, Ec2Error> {
-        if let Some(existing) = self.find_session_instances(req.tags.session_id).await?.into_iter().next() {
-            tracing::info!(instance = %existing.id, "found the session's instance by tag; not launching again");
-            return Ok(existing);
-        }
         let placements = self.settings.placements();
         let mut last: Option<Ec2Error> = None;
         let mut index = 0;
@@ -193,32 +190,45 @@ impl Ec2 {
         Ok(view)
     }
 
-    pub async fn stop(&self, instance_id: &str, force: bool) -> Result<(), Ec2Error> {
-        self.call("StopInstances", CallKind::Mutating, || {
-            self.client.stop_instances().instance_ids(instance_id).force(force).send()
-        })
-        .await
-        .map(|_| ())
+    /// The state each call reports the instance is now in (e.g. `stopping`),
+    /// so the cache does not claim the old state until the next describe.
+    pub async fn stop(&self, instance_id: &str, force: bool) -> Result<InstanceState, Ec2Error> {
+        let out = self
+            .call("StopInstances", CallKind::Mutating, || {
+                self.client.stop_instances().instance_ids(instance_id).force(force).send()
+            })
+            .await?;
+        Ok(changed_state(out.stopping_instances(), InstanceState::Stopping))
     }
 
-    pub async fn start(&self, instance_id: &str) -> Result<(), Ec2Error> {
-        self.call("StartInstances", CallKind::Mutating, || {
-            self.client.start_instances().instance_ids(instance_id).send()
-        })
-        .await
-        .map(|_| ())
+    pub async fn start(&self, instance_id: &str) -> Result<InstanceState, Ec2Error> {
+        let out = self
+            .call("StartInstances", CallKind::Mutating, || {
+                self.client.start_instances().instance_ids(instance_id).send()
+            })
+            .await?;
+        Ok(changed_state(out.starting_instances(), InstanceState::Pending))
     }
 
     /// Terminating a terminated or unknown instance is success: it is gone.
-    pub async fn terminate(&self, instance_id: &str) -> Result<(), Ec2Error> {
+    pub async fn terminate(&self, instance_id: &str) -> Result<InstanceState, Ec2Error> {
         match self
             .call("TerminateInstances", CallKind::Mutating, || {
                 self.client.terminate_instances().instance_ids(instance_id).send()
             })
             .await
         {
-            Err(e) if e.is(Ec2ErrorKind::NotFound) => Ok(()),
-            other => other.map(|_| ()),
+            Err(e) if e.is(Ec2ErrorKind::NotFound) => Ok(InstanceState::Terminated),
+            Err(e) => Err(e),
+            Ok(out) => Ok(changed_state(out.terminating_instances(), InstanceState::ShuttingDown)),
         }
     }
+}
+
+fn changed_state(changes: &[aws_sdk_ec2::types::InstanceStateChange], default: InstanceState) -> InstanceState {
+    changes
+        .first()
+        .and_then(|c| c.current_state())
+        .map(|s| InstanceState::from_sdk(s.name()))
+        .unwrap_or(default)
 }

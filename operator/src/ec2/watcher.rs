@@ -21,6 +21,9 @@ pub struct InstanceWatcher {
 
 struct Inner {
     by_session: RwLock<HashMap<String, InstanceView>>,
+    /// When a mutating call last set an instance's state here: a describe
+    /// that started before that must not overwrite it with older news.
+    local_updates: RwLock<HashMap<String, std::time::Instant>>,
     /// Bumped after each refresh, so a caller can wait for a fresh view.
     generation: RwLock<u64>,
     refresh: Notify,
@@ -32,6 +35,7 @@ impl Default for InstanceWatcher {
         Self {
             inner: Arc::new(Inner {
                 by_session: RwLock::default(),
+                local_updates: RwLock::default(),
                 generation: RwLock::new(0),
                 refresh: Notify::new(),
                 refreshed: Notify::new(),
@@ -65,8 +69,25 @@ impl InstanceWatcher {
     /// the next reconcile sees it before the next describe.
     pub fn observe(&self, view: InstanceView) {
         if let Some(session) = view.session_id.clone() {
+            self.inner.local_updates.write().expect("lock").insert(view.id.clone(), std::time::Instant::now());
             self.inner.by_session.write().expect("lock").insert(session, view);
         }
+    }
+
+    /// Records the state a mutating call just reported for an instance.
+    pub fn set_state(&self, instance_id: &str, state: super::instances::InstanceState) {
+        let mut map = self.inner.by_session.write().expect("lock");
+        if let Some(v) = map.values_mut().find(|v| v.id == instance_id) {
+            v.state = state;
+            self.inner.local_updates.write().expect("lock").insert(instance_id.to_owned(), std::time::Instant::now());
+        }
+    }
+
+    /// True while some instance is between states (pending, stopping,
+    /// shutting down): worth describing sooner than the steady interval.
+    fn in_transition(&self) -> bool {
+        use super::instances::InstanceState::*;
+        self.inner.by_session.read().expect("lock").values().any(|v| matches!(v.state, Pending | Stopping | ShuttingDown))
     }
 
     pub fn request_refresh(&self) {
@@ -96,17 +117,22 @@ impl InstanceWatcher {
     /// Refreshes every `interval`, or sooner when asked; sends the Sandbox
     /// of every instance whose state changed to `changed`.
     pub async fn run(self, ec2: Ec2, interval: Duration, changed: mpsc::Sender<ObjectRef<hangar_crds::Sandbox>>) {
+        // While an instance is changing state, one describe every 500 ms (for
+        // all sessions together) notices the change promptly.
+        let fast = interval.min(Duration::from_millis(500));
         loop {
+            let wait = if self.in_transition() { fast } else { interval };
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = self.inner.refresh.notified() => {
                     // Let requests from a burst of reconciles coalesce.
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
+            let started = std::time::Instant::now();
             match ec2.describe_cluster_instances().await {
                 Ok(instances) => {
-                    for sandbox in self.replace(instances) {
+                    for sandbox in self.replace(instances, started) {
                         let _ = changed.try_send(sandbox);
                     }
                 }
@@ -118,8 +144,13 @@ impl InstanceWatcher {
     }
 
     /// Swaps in a new view; returns the Sandboxes whose instance changed.
-    fn replace(&self, instances: Vec<InstanceView>) -> Vec<ObjectRef<hangar_crds::Sandbox>> {
+    fn replace(&self, instances: Vec<InstanceView>, started: std::time::Instant) -> Vec<ObjectRef<hangar_crds::Sandbox>> {
         let mut next: HashMap<String, InstanceView> = HashMap::new();
+        let newer_here: Vec<String> = {
+            let mut local = self.inner.local_updates.write().expect("lock");
+            local.retain(|_, at| *at > started);
+            local.keys().cloned().collect()
+        };
         for i in instances {
             let Some(session) = i.session_id.clone() else { continue };
             // Prefer a live instance over a terminated one of the same session.
@@ -132,6 +163,12 @@ impl InstanceWatcher {
             }
         }
         let mut map = self.inner.by_session.write().expect("lock");
+        // Keep what a mutating call reported after this describe began.
+        for (session, old) in map.iter() {
+            if newer_here.contains(&old.id) {
+                next.insert(session.clone(), old.clone());
+            }
+        }
         let changed = next
             .iter()
             .filter(|(s, v)| map.get(*s) != Some(*v))
@@ -163,15 +200,30 @@ mod tests {
     #[test]
     fn a_refresh_reports_only_changed_sessions_and_prefers_live_instances() {
         let w = InstanceWatcher::default();
-        let first = w.replace(vec![view("i-1", "a", InstanceState::Running), view("i-2", "b", InstanceState::Running)]);
+        let t = std::time::Instant::now();
+        let first = w.replace(vec![view("i-1", "a", InstanceState::Running), view("i-2", "b", InstanceState::Running)], t);
         assert_eq!(first.len(), 2);
         let second = w.replace(vec![
             view("i-1", "a", InstanceState::Running),
             view("i-2", "b", InstanceState::Stopped),
             view("i-0", "a", InstanceState::Terminated),
-        ]);
+        ], t);
         assert_eq!(second, vec![ObjectRef::new("sbx-b").within("ns")]);
         assert_eq!(w.get("a").unwrap().id, "i-1");
         assert_eq!(w.get("b").unwrap().state, InstanceState::Stopped);
+    }
+
+    #[test]
+    fn a_describe_older_than_a_mutating_call_does_not_undo_it() {
+        let w = InstanceWatcher::default();
+        let t0 = std::time::Instant::now();
+        w.replace(vec![view("i-1", "a", InstanceState::Stopped)], t0);
+        let describe_started = std::time::Instant::now();
+        w.set_state("i-1", InstanceState::Pending); // StartInstances answered
+        w.replace(vec![view("i-1", "a", InstanceState::Stopped)], describe_started);
+        assert_eq!(w.get("a").unwrap().state, InstanceState::Pending);
+        // A describe that began after the call is believed.
+        w.replace(vec![view("i-1", "a", InstanceState::Running)], std::time::Instant::now());
+        assert_eq!(w.get("a").unwrap().state, InstanceState::Running);
     }
 }

@@ -84,7 +84,8 @@ pub async fn execute(
         }
         Action::StopInstance { force } => {
             let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
-            ctx.ec2.stop(&id, *force).await?;
+            let state = ctx.ec2.stop(&id, *force).await?;
+            ctx.instances.set_state(&id, state);
             if let Some(closed) = obs.workspace_closed_at {
                 let ms = (Timestamp::now().as_millisecond() - closed.as_millisecond()).max(0) as u64;
                 ctx.metrics.record(|m| m.workspace_closed_to_stop_ms.push(ms));
@@ -95,7 +96,8 @@ pub async fn execute(
         Action::StartInstance => {
             let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
             match ctx.ec2.start(&id).await {
-                Ok(()) => {
+                Ok(state) => {
+                    ctx.instances.set_state(&id, state);
                     ctx.instances.request_refresh();
                     Ok(())
                 }
@@ -123,7 +125,8 @@ pub async fn execute(
                 }
             }
             for id in ids {
-                ctx.ec2.terminate(&id).await?;
+                let state = ctx.ec2.terminate(&id).await?;
+                ctx.instances.set_state(&id, state);
             }
             ctx.instances.request_refresh();
             Ok(())
@@ -195,10 +198,9 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
         instance_types: settings.instance_types_for(size),
         user_data: &render,
     };
-    if let Some(created) = s.sandbox.metadata.creation_timestamp.as_ref() {
-        let ms = (Timestamp::now().as_millisecond() - created.0.as_millisecond()).max(0) as u64;
-        ctx.metrics.record(|m| m.apply_to_run_instances_ms.push(ms));
-    }
+    ctx.metrics.record(|m| {
+        m.run_instances_at_ms.insert(format!("{}/{}", s.namespace, s.name), Timestamp::now().as_millisecond());
+    });
     match ctx.ec2.launch(&req).await {
         Ok(view) => {
             status.instance_id = Some(view.id.clone());
@@ -206,6 +208,8 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
             status.zone = Some(view.zone.clone());
             status.memory_gib = shape_of(&view.instance_type).map(|(_, m)| m as i64);
             ctx.instances.observe(view);
+            // Pending now; the watcher polls faster until it runs.
+            ctx.instances.request_refresh();
             Ok(())
         }
         Err(e) if e.is(Ec2ErrorKind::InvalidConfiguration) || e.is(Ec2ErrorKind::InsufficientCapacity) => {

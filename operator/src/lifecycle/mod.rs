@@ -53,28 +53,42 @@ pub async fn run(
     )
     .default_backoff()
     .applied_objects();
-    let pods = Api::<Pod>::all(client.clone());
+    let pods = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
+    )
+    .default_backoff()
+    .applied_objects();
     let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
     let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
-    let serves2 = serves.clone();
+    let (serves2, serves3) = (serves.clone(), serves.clone());
     let instances = ctx.instances.clone();
+    // Each mapper notes when its event arrived, for the benchmark's
+    // "last watch event → running" figure.
+    let (m1, m2, m3) = (ctx.clone(), ctx.clone(), ctx.clone());
 
     Controller::new(sandboxes, watcher::Config::default().any_semantic())
-        .owns(pods, watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"))
+        .watches_stream(pods, move |pod: Pod| {
+            let ns = pod.namespace()?;
+            let name = pod.labels().get(SESSION_LABEL)?.clone();
+            serves3(&ns).then(|| m3.metrics.triggered(&ns, &name)).map(|_| ObjectRef::new(&name).within(&ns))
+        })
         .watches_stream(nodes, move |node: Node| {
             let labels = node.labels();
-            if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
-                return serves(ns).then(|| ObjectRef::new(name).within(ns));
-            }
-            // A node that just registered carries no session labels yet:
-            // map it by its providerID to the instance's Sandbox.
-            let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
-            let sandbox = instances.sandbox_of_instance(instance_of_provider_id(provider_id)?)?;
-            serves(sandbox.namespace.as_deref()?).then_some(sandbox)
+            let target = if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
+                ObjectRef::new(name).within(ns)
+            } else {
+                // A node that just registered carries no session labels yet:
+                // map it by its providerID to the instance's Sandbox.
+                let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
+                instances.sandbox_of_instance(instance_of_provider_id(provider_id)?)?
+            };
+            let ns = target.namespace.clone()?;
+            serves(&ns).then(|| m1.metrics.triggered(&ns, &target.name)).map(|_| target)
         })
         .watches_stream(leases, move |lease: Lease| {
             let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
-            serves2(ns).then(|| ObjectRef::new(name).within(ns))
+            serves2(ns).then(|| m2.metrics.triggered(ns, name)).map(|_| ObjectRef::new(name).within(ns))
         })
         .reconcile_on(tokio_stream_from(instance_changes))
         .shutdown_on_signal()
@@ -151,12 +165,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     if failure.is_some() && matches!(status.phase, Some(Phase::Stopping)) {
         status.phase = Some(Phase::ResetIncomplete);
     }
-    if status.phase == Some(Phase::Running) && current.phase != Some(Phase::Running) {
-        if let Some(since) = obs.node_ready_since {
-            let ms = (Timestamp::now().as_millisecond() - since.as_millisecond()).max(0) as u64;
-            ctx.metrics.record(|m| m.node_ready_to_running_ms.push(ms));
-        }
-    }
+    track_prerequisites(&ctx, (&ns, &name, &session_id), &current, &status, &obs.observed);
     status.observed_generation = sandbox.metadata.generation;
     status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);
     if status != current {
@@ -181,6 +190,42 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         None if transitional => Requeue::requeue(Duration::from_secs(10)),
         None => Requeue::requeue(Duration::from_secs(60)),
     })
+}
+
+/// For the benchmark: node Ready first seen (this attempt) → running, and
+/// the last related watch event → running.
+fn track_prerequisites(
+    ctx: &Context,
+    (namespace, name, session): (&str, &str, &str),
+    before: &SandboxStatus,
+    after: &SandboxStatus,
+    obs: &phase::Observed,
+) {
+    let now = Timestamp::now().as_millisecond();
+    let attempt = after.attempt.unwrap_or(0);
+    let mut seen = ctx.metrics.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = seen.entry(session.to_owned()).or_default();
+    if entry.attempt != attempt {
+        *entry = crate::context::FirstSeen { attempt, ..Default::default() };
+    }
+    if obs.node_ready == Some(true) {
+        entry.node_ready.get_or_insert(now);
+    }
+    if after.phase == Some(Phase::Running) && before.phase != Some(Phase::Running) {
+        let e = *entry;
+        let trigger = ctx.metrics.last_trigger(namespace, name);
+        ctx.metrics.record(|m| {
+            if let Some(t) = e.node_ready {
+                m.node_ready_to_running_ms.push((now - t).max(0) as u64);
+            }
+            if let Some(t) = trigger {
+                m.event_to_running_ms.push((now - t).max(0) as u64);
+            }
+        });
+    }
+    if matches!(after.phase, Some(Phase::Ended | Phase::Failed)) {
+        seen.remove(session);
+    }
 }
 
 /// Records the instance and volume found by tag in the status.
@@ -217,9 +262,7 @@ async fn ensure_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<()> {
     }
     let mut finalizers = sandbox.finalizers().to_vec();
     finalizers.push(FINALIZER.to_owned());
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": sandbox.resource_version()}});
-    api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    Ok(())
+    patch_finalizers(api, sandbox, finalizers).await
 }
 
 /// Once the reset is complete nothing is left to clean up, so the
@@ -228,10 +271,46 @@ async fn remove_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<()> {
     if !sandbox.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(());
     }
-    let finalizers: Vec<&String> = sandbox.finalizers().iter().filter(|f| *f != FINALIZER).collect();
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": sandbox.resource_version()}});
-    match api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+    let finalizers = sandbox.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+    match patch_finalizers(api, sandbox, finalizers).await {
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+/// A JSON patch that tests the finalizers it read before replacing them:
+/// safe against another controller's concurrent finalizer edit, and not
+/// refused merely because our own status write moved the resourceVersion.
+/// When the test fails (our copy was stale), it reads the object again once.
+async fn patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: Vec<String>) -> Result<()> {
+    match try_patch_finalizers(api, sandbox, &next).await {
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            let fresh = api.get(&sandbox.name_any()).await?;
+            let wanted = next.iter().any(|f| f == FINALIZER);
+            let mut list: Vec<String> = fresh.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+            if wanted {
+                list.push(FINALIZER.to_owned());
+            }
+            if list.as_slice() == fresh.finalizers() {
+                return Ok(());
+            }
+            try_patch_finalizers(api, &fresh, &list).await?;
+            Ok(())
+        }
         other => other.map(|_| ()).map_err(Into::into),
     }
+}
+
+async fn try_patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: &[String]) -> Result<(), kube::Error> {
+    let ops = if sandbox.metadata.finalizers.is_none() {
+        json!([{"op": "add", "path": "/metadata/finalizers", "value": next}])
+    } else {
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": sandbox.finalizers()},
+            {"op": "replace", "path": "/metadata/finalizers", "value": next},
+        ])
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops).expect("valid JSON patch");
+    api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+    Ok(())
 }

@@ -25,7 +25,6 @@ pub struct Observation {
     pub node: Option<Node>,
     /// When the worker reported the workspace closed (from its Lease).
     pub workspace_closed_at: Option<Timestamp>,
-    pub node_ready_since: Option<Timestamp>,
 }
 
 pub fn desired(sandbox: &Sandbox) -> Desired {
@@ -50,9 +49,9 @@ pub fn find_node(ctx: &Context, instance_id: &str) -> Option<Node> {
         .map(|n| (*n).clone())
 }
 
-fn ready_condition(node: &Node) -> Option<(bool, Option<Timestamp>)> {
+fn ready_condition(node: &Node) -> Option<bool> {
     let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status == "True", c.last_transition_time.as_ref().map(|t| t.0)))
+    Some(c.status == "True")
 }
 
 pub fn node_prepared(node: &Node, sandbox_name: &str, session_id: &str) -> bool {
@@ -110,6 +109,9 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     let needs_volume = matches!(phase, Phase::Launching) && status.volume_attached != Some(true)
         || matches!(phase, Phase::Stopping | Phase::ResetIncomplete);
     let (volume_state, volume) = match (needs_volume, &instance) {
+        // Launching without an instance: the volume comes after it, so no
+        // describe is needed (it would only slow the path to RunInstances).
+        (true, None) if phase == Phase::Launching => (VolumeState::Unknown, None),
         (false, _) => (VolumeState::Unknown, None),
         (true, _) => match ctx.ec2.find_workspace_volume(session_id).await? {
             None => (VolumeState::Absent, None),
@@ -150,7 +152,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             desired: desired(sandbox),
             instance: instance.as_ref().map(|i| i.state),
             volume: volume_state,
-            node_ready: ready.map(|(r, _)| r),
+            node_ready: ready,
             node_prepared: node.as_ref().is_some_and(|n| node_prepared(n, &name, session_id)),
             worker,
             agent,
@@ -158,7 +160,6 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             queued_commands,
             pause_grace: ctx.settings.pause_grace(),
         },
-        node_ready_since: ready.and_then(|(r, t)| if r { t } else { None }),
         instance,
         volume,
         node,

@@ -364,6 +364,11 @@ fn stopping(p: &mut Plan, obs: &Observed) {
         if confirmed(&p.status, step) {
             continue;
         }
+        if step == "terminate_instance" && obs.instance == Some(InstanceState::ShuttingDown) {
+            // Termination is under way: wait for it rather than ask again.
+            p.requeue_after = Some(Duration::from_secs(2));
+            return;
+        }
         let (done, action) = match step {
             "cancel_queued_commands" => (obs.queued_commands == 0, Action::CancelQueuedCommands),
             "terminate_instance" => (instance_gone, Action::TerminateInstance),
@@ -595,6 +600,19 @@ mod tests {
         assert_eq!(p.status.phase, Some(Phase::Ended));
         let steps: Vec<&str> = p.status.reset.iter().map(|s| s.step.as_str()).collect();
         assert_eq!(steps, RESET_STEPS);
+    }
+
+    #[test]
+    fn a_terminating_instance_is_waited_for_not_terminated_again() {
+        let s = SandboxStatus {
+            instance_id: Some("i-1".into()),
+            reset: vec![ResetStepStatus { step: "cancel_queued_commands".into(), confirmed_at: Time(at(0)) }],
+            ..status(Phase::Stopping)
+        };
+        let o = Observed { desired: Desired::End("cancelled".into()), instance: Some(InstanceState::ShuttingDown), ..obs(1) };
+        let p = plan(&s, &o);
+        assert!(p.actions.is_empty());
+        assert_eq!(p.status.phase, Some(Phase::Stopping));
     }
 
     #[test]

@@ -1,0 +1,252 @@
+//! Lifecycle benchmark (not a test): prints figures, asserts nothing.
+//!
+//! Over N sessions (default 100) on the local stack: operator overhead
+//! apply→RunInstances, node Ready→running, worker-closed→StopInstances
+//! (p50/p99), EC2 mutating calls per launch→pause→resume→end,
+//! DescribeInstances calls per minute with N live sessions, and operator
+//! RSS with M paused sessions (default 1000).
+//!
+//! Run: `make bench` (release build), or
+//! `cargo run --release -p hangar-e2e --bin lifecycle-bench -- [N] [M]`.
+
+use std::time::{Duration, Instant};
+
+use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
+use futures::future::join_all;
+use hangar_crds::{Phase, Sandbox};
+use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+
+fn main() {
+    hangar_e2e::init_tracing();
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let n = args.first().copied().unwrap_or(100);
+    let m = args.get(1).copied().unwrap_or(1000);
+    let cp = ControlPlane::start().expect("control plane");
+    let stack = LocalStack::start(
+        cp,
+        StackOptions {
+            // Production's describe interval (tests use a shorter one).
+            operator_env: vec![
+                ("HANGAR_DESCRIBE_INTERVAL_MS".into(), "2000".into()),
+                ("HANGAR_ORPHAN_SWEEP_SECONDS".into(), "300".into()),
+            ],
+            worker_heartbeat_ms: Some(2000),
+        },
+    )
+    .expect("stack");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run(&stack, n, m));
+}
+
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+fn samples(metrics: &str, name: &str) -> Vec<u64> {
+    let prefix = format!("{name}{{");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+fn pct(mut v: Vec<u64>, p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+async fn wait_all(api: &Api<Sandbox>, n: usize, want: Phase, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let list = api.list(&ListParams::default()).await.unwrap();
+        let done = list.items.iter().filter(|s| s.status.as_ref().and_then(|st| st.phase) == Some(want)).count();
+        if done >= n {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "{what}: {done}/{n} after 600 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn set_all(api: &Api<Sandbox>, n: usize, state: &str) {
+    let patch = json!({"spec": {"state": state}});
+    join_all((0..n).map(|i| {
+        let patch = patch.clone();
+        async move { api.patch(&format!("bench-{i}"), &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap() }
+    }))
+    .await;
+}
+
+async fn run(stack: &LocalStack, n: usize, m: usize) {
+    let client = stack.cp.client().await.unwrap();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    for ns in ["bench", "bench-paused"] {
+        let _ = namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap()).await;
+    }
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "bench");
+    let before = stack.operator().metrics();
+
+    eprintln!("bench: creating {n} sessions");
+    let created_at: Vec<(String, i64)> = join_all((0..n).map(|i| {
+        let s: Sandbox = serde_json::from_value(json!({
+            "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": format!("bench-{i}")}, "spec": {"mode": "commands", "image": IMAGE},
+        }))
+        .unwrap();
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &s).await.unwrap();
+            (format!("bench/bench-{i}"), now_ms())
+        }
+    }))
+    .await;
+    let t_launch = wait_all(&api, n, Phase::Running, "launch").await;
+
+    eprintln!("bench: {n} running; counting DescribeInstances for 60 s");
+    let d0 = counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let describes_per_minute = counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total") - d0;
+
+    eprintln!("bench: pause, resume, end");
+    set_all(&api, n, "Paused").await;
+    let t_pause = wait_all(&api, n, Phase::Paused, "pause").await;
+    set_all(&api, n, "Running").await;
+    let t_resume = wait_all(&api, n, Phase::Running, "resume").await;
+    set_all(&api, n, "Ended").await;
+    let t_end = wait_all(&api, n, Phase::Ended, "end").await;
+
+    let after = stack.operator().metrics();
+    let mutating = counter(&after, "hangar_ec2_mutating_calls_total") - counter(&before, "hangar_ec2_mutating_calls_total");
+    // Create call returned (apiserver accepted it) → RunInstances called.
+    let apply_run: Vec<u64> = created_at
+        .iter()
+        .filter_map(|(name, t)| {
+            let at = after
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("hangar_run_instances_at_ms{{sandbox=\"{name}\"}} ")))?;
+            Some((at.parse::<i64>().ok()? - t).max(0) as u64)
+        })
+        .collect();
+    let ready_running = samples(&after, "hangar_node_ready_to_running_ms");
+    let prereq_running = samples(&after, "hangar_event_to_running_ms");
+    let closed_stop = samples(&after, "hangar_workspace_closed_to_stop_ms");
+
+    eprintln!("bench: {m} paused sessions for the memory figure");
+    let rss_before = rss_kib(stack.operator().pid().unwrap());
+    // Made while the operator is down, then loaded by a fresh start: the
+    // figure is the operator holding M paused sessions, as after a restart.
+    stack.operator().kill();
+    paused_sessions(stack, &client, m).await;
+    stack.operator().restart().expect("operator restart");
+    let start = Instant::now();
+    while counter(&stack.operator().metrics(), "hangar_reconciles_total") < m as u64
+        && start.elapsed() < Duration::from_secs(300)
+    {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let reconciled = counter(&stack.operator().metrics(), "hangar_reconciles_total");
+    let watched = counter(&stack.operator().metrics(), "hangar_watched_instances");
+    let rss_paused = rss_kib(stack.operator().pid().unwrap());
+    let mutating_paused = counter(&stack.operator().metrics(), "hangar_ec2_mutating_calls_total");
+
+    println!();
+    println!("hangar lifecycle benchmark: {n} sessions (commands mode), local stack, release build");
+    println!("| figure | p50 | p99 | samples | target |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (name, v, target) in [
+        ("apply → RunInstances (ms)", &apply_run, "p99 < 250"),
+        ("node Ready → running (ms), incl. simulated worker start", &ready_running, ""),
+        ("last watch event → running (ms), operator overhead", &prereq_running, "p99 < 250"),
+        ("worker closed → StopInstances (ms)", &closed_stop, "p99 < 250"),
+    ] {
+        println!("| {name} | {} | {} | {} | {target} |", pct(v.clone(), 0.5), pct(v.clone(), 0.99), v.len());
+    }
+    println!();
+    println!("| figure | value | target |");
+    println!("| --- | --- | --- |");
+    println!("| EC2 mutating calls per launch→pause→resume→end | {:.2} | ≤ 8 |", mutating as f64 / n as f64);
+    println!("| DescribeInstances calls per minute, {n} live sessions | {describes_per_minute} | independent of N |");
+    println!("| operator RSS, idle after the {n}-session run (MiB) | {:.1} | |", rss_before as f64 / 1024.0);
+    println!(
+        "| operator RSS with {m} paused sessions (MiB; {reconciled} reconciles, {watched} instances watched, {mutating_paused} EC2 calls made) | {:.1} | |",
+        rss_paused as f64 / 1024.0
+    );
+    println!("| wall time: launch / pause / resume / end of all {n} (s) | {:.1} / {:.1} / {:.1} / {:.1} | |",
+        t_launch.as_secs_f64(), t_pause.as_secs_f64(), t_resume.as_secs_f64(), t_end.as_secs_f64());
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()))?)
+        .unwrap_or(0)
+}
+
+/// `m` sessions that are paused: a stopped, tagged instance in EC2 and a
+/// Sandbox whose status says paused, as the operator itself leaves them.
+/// (Driving 1,000 sessions through a real launch would need 1,000 worker
+/// processes on 2 cores; the operator's memory depends on what it caches,
+/// not on how the sessions got there.)
+async fn paused_sessions(stack: &LocalStack, client: &kube::Client, m: usize) {
+    let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "bench-paused");
+    for chunk in (0..m).collect::<Vec<_>>().chunks(50) {
+        join_all(chunk.iter().map(|i| {
+            let (api, ec2) = (api.clone(), ec2.clone());
+            async move {
+                let name = format!("paused-{i}");
+                let s: Sandbox = serde_json::from_value(json!({
+                    "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+                    "metadata": {"name": name, "finalizers": ["hangar.dev/session"]},
+                    "spec": {"mode": "commands", "image": IMAGE, "state": "Paused"},
+                }))
+                .unwrap();
+                let created = api.create(&PostParams::default(), &s).await.unwrap();
+                let uid = created.metadata.uid.clone().unwrap();
+                let tag = |k: &str, v: &str| Tag::builder().key(k).value(v).build();
+                let out = ec2
+                    .run_instances()
+                    .image_id("ami-0a1b2c3d4e5f60718")
+                    .instance_type(InstanceType::M7gLarge)
+                    .min_count(1)
+                    .max_count(1)
+                    .tag_specifications(
+                        TagSpecification::builder()
+                            .resource_type(ResourceType::Instance)
+                            .tags(tag("hangar.dev/session-id", &uid))
+                            .tags(tag("hangar.dev/cluster", "hangar-local"))
+                            .tags(tag("hangar.dev/namespace", "bench-paused"))
+                            .tags(tag("hangar.dev/sandbox", &name))
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                let id = out.instances()[0].instance_id().unwrap().to_owned();
+                ec2.stop_instances().instance_ids(&id).send().await.unwrap();
+                let status = json!({"apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox", "status": {
+                    "sessionId": uid, "phase": "paused", "attempt": 1, "instanceId": id,
+                    "instanceType": "m7g.large", "zone": "ap-southeast-2a", "volumeAttached": true,
+                    "attempts": [{"number": 1, "cause": "launch", "end": "paused", "computeSeconds": 60}],
+                }});
+                api.patch_status(&name, &PatchParams::apply("hangar-operator").force(), &Patch::Apply(&status))
+                    .await
+                    .unwrap();
+            }
+        }))
+        .await;
+    }
+}
