@@ -116,6 +116,34 @@ fn operator_runs_leader_elected() {
     assert!(grants(leases, "leases"));
 }
 
+/// The flags and environment the chart gives the operator are ones the
+/// binary accepts (clap refuses unknown flags and bad values).
+#[test]
+fn operator_accepts_the_charts_flags_and_environment() {
+    let docs = render(&[
+        "--set", "aws.subnets.ap-southeast-2a=subnet-0a1b",
+        "--set", "aws.securityGroups[0]=sg-0c1d",
+        "--set", "aws.amiId=ami-0e1f",
+        "--set", "watchNamespaces={team-a}",
+    ]);
+    let deploy = find(&docs, "Deployment", "hangar-operator", Some("hangar-system")).unwrap();
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    let mut cmd = std::process::Command::new(hangar_e2e::operator::workspace_binary("hangar-operator"));
+    cmd.args(&args).arg("--print-settings");
+    for e in container["env"].as_sequence().unwrap() {
+        if let Some(v) = e["value"].as_str() {
+            cmd.env(e["name"].as_str().unwrap(), v);
+        }
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", text(&out));
+    let printed = text(&out);
+    for want in ["subnet-0a1b", "sg-0c1d", "ami-0e1f", "team-a", "m7g.large", "leader_elect: true"] {
+        assert!(printed.contains(want), "{want} not in the parsed settings: {printed}");
+    }
+}
+
 #[test]
 fn namespaced_install_keeps_namespaced_rights_in_those_namespaces() {
     let cluster_wide = render(&[]);

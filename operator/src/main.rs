@@ -23,6 +23,10 @@ use kube::runtime::reflector;
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings = Arc::new(Settings::parse());
+    if settings.print_settings {
+        println!("{settings:#?}");
+        return ExitCode::SUCCESS;
+    }
     // kube's rustls uses ring; the AWS SDK also links aws-lc-rs. Pick one.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());

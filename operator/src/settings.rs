@@ -82,6 +82,9 @@ pub struct Settings {
     /// Output store URL (used by later controllers).
     #[arg(long, env = "HANGAR_OUTPUT_STORE")]
     pub output_store: Option<String>,
+    /// Print the parsed settings and exit (checks a deployment's flags).
+    #[arg(long)]
+    pub print_settings: bool,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {

@@ -59,3 +59,21 @@ A ClusterRole when watchNamespaces is empty, else a Role in each.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/* zone=subnet,zone=subnet (in key order) */}}
+{{- define "hangar.pairs" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* size=type1/type2,size=type1 */}}
+{{- define "hangar.instanceTypes" -}}
+{{- $out := list -}}
+{{- range $size, $types := . -}}
+{{- $out = append $out (printf "%s=%s" $size (join "/" $types)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
