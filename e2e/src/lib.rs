@@ -16,6 +16,7 @@ pub mod operator;
 pub mod paths;
 pub mod pki;
 pub mod process;
+pub mod sessions;
 pub mod stack;
 
 use std::sync::OnceLock;
@@ -36,7 +37,10 @@ pub fn shared_control_plane() -> &'static ControlPlane {
 pub fn init_tracing() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+        // The readiness poll expects 500s from a starting apiserver; kube
+        // logs each one as an error, which is noise here.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| "info,kube_client::client::builder=off".into());
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     });
 }

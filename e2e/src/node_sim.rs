@@ -56,6 +56,8 @@ struct SimNode {
     name: String,
     worker: Option<ChildProcess>,
     ready: bool,
+    /// When the node's kube-node-lease Lease was last renewed.
+    lease_renewed: Option<std::time::Instant>,
 }
 
 impl NodeSimulator {
@@ -107,10 +109,17 @@ async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig,
         let state = i.state().and_then(|s| s.name()).cloned().unwrap_or(InstanceStateName::Pending);
         match state {
             InstanceStateName::Running => {
-                let node = nodes.entry(id.to_owned()).or_insert_with(|| SimNode { name: id.to_owned(), worker: None, ready: false });
+                let node = nodes
+                    .entry(id.to_owned())
+                    .or_insert_with(|| SimNode { name: id.to_owned(), worker: None, ready: false, lease_renewed: None });
                 if !node.ready {
                     register(&node_api, &node.name, id, zone, true).await?;
                     node.ready = true;
+                }
+                // The kubelet's own heartbeat, every 10 s.
+                if node.lease_renewed.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    renew_node_lease(client, &node.name).await?;
+                    node.lease_renewed = Some(std::time::Instant::now());
                 }
                 if node.worker.is_none() {
                     if let Some(volume) = attached_volume(ec2, id).await? {
@@ -178,6 +187,19 @@ async fn register(api: &Api<Node>, name: &str, instance_id: &str, zone: &str, re
     let status = NodeStatus { conditions: Some(vec![condition]), ..Default::default() };
     let patch = json!({"status": status});
     api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
+    Ok(())
+}
+
+async fn renew_node_lease(client: &kube::Client, node: &str) -> TickResult {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": node},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
+                 "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(Timestamp::now())},
+    });
+    api.patch(node, &PatchParams::apply("node-simulator").force(), &Patch::Apply(&lease)).await?;
     Ok(())
 }
 

@@ -11,13 +11,12 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::InstanceStateName;
 use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
+use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
 use hangar_e2e::shared_stack;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
-const DEADLINE: Duration = Duration::from_secs(90);
 
 /// The tests restart the one shared operator: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -25,35 +24,16 @@ static SERIAL: Mutex<()> = Mutex::new(());
 async fn setup(ns: &str) -> (Api<Sandbox>, aws_sdk_ec2::Client) {
     let stack = shared_stack();
     let client = stack.cp.client().await.unwrap();
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let _ = namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap()).await;
+    ensure_namespace(&client, ns).await;
     (Api::namespaced(client, ns), ec2_client(&stack.moto.endpoint()).await)
 }
 
 async fn create(api: &Api<Sandbox>, name: &str) -> Sandbox {
-    let s: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": name}, "spec": {"mode": "commands", "image": IMAGE},
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &s).await.unwrap()
+    api.create(&PostParams::default(), &sessions::sandbox(name, "commands", json!({}))).await.unwrap()
 }
 
 async fn wait_phase(api: &Api<Sandbox>, name: &str, want: Phase) -> Sandbox {
-    let start = Instant::now();
-    loop {
-        let s = api.get(name).await.unwrap();
-        if s.status.as_ref().and_then(|st| st.phase) == Some(want) {
-            return s;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "{name}: not {want:?}; status {:?}\n{}",
-            s.status,
-            shared_stack().operator().log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sessions::wait_phase(shared_stack(), api, name, want).await
 }
 
 async fn wait_operator_exit() {

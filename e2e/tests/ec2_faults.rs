@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
 use hangar_e2e::ec2_faults::{Fault, FaultProxy};
+use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
-const DEADLINE: Duration = Duration::from_secs(90);
 
 struct Faulty {
     proxy: FaultProxy,
@@ -39,28 +38,10 @@ fn faulty() -> &'static Faulty {
 
 async fn start_session(stack: &LocalStack, ns: &str, name: &str) -> (Api<Sandbox>, Sandbox) {
     let client = stack.cp.client().await.unwrap();
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let _ = namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap()).await;
+    ensure_namespace(&client, ns).await;
     let api: Api<Sandbox> = Api::namespaced(client, ns);
-    let s: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": name}, "spec": {"mode": "commands", "image": IMAGE, "size": "small"},
-    }))
-    .unwrap();
-    let created = api.create(&PostParams::default(), &s).await.unwrap();
+    let created = api.create(&PostParams::default(), &sessions::sandbox(name, "commands", json!({"size": "small"}))).await.unwrap();
     (api, created)
-}
-
-async fn wait_phase(stack: &LocalStack, api: &Api<Sandbox>, name: &str, want: Phase) -> Sandbox {
-    let start = Instant::now();
-    loop {
-        let s = api.get(name).await.unwrap();
-        if s.status.as_ref().and_then(|st| st.phase) == Some(want) {
-            return s;
-        }
-        assert!(start.elapsed() < DEADLINE, "{name}: not {want:?}: {:?}\n{}", s.status, stack.operator().log_tail(20));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +64,7 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
         times: 1,
     });
     let (api, created) = start_session(&f.stack, "faults", "fallback").await;
-    let s = wait_phase(&f.stack, &api, "fallback", Phase::Running).await;
+    let s = sessions::wait_phase(&f.stack, &api, "fallback", Phase::Running).await;
     let status = s.status.unwrap();
     assert_eq!(status.instance_type.as_deref(), Some("m6g.large"), "fell back to the second type of size small");
 
@@ -119,7 +100,7 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     });
     let (api, created) = start_session(&f.stack, "faults", "badami").await;
     let session = created.uid().unwrap();
-    let s = wait_phase(&f.stack, &api, "badami", Phase::Failed).await;
+    let s = sessions::wait_phase(&f.stack, &api, "badami", Phase::Failed).await;
     let status = s.status.unwrap();
     let reason = status.stop_reason.unwrap_or_default();
     assert!(reason.starts_with("launch_failed: InvalidAMIID.NotFound"), "readable reason: {reason}");

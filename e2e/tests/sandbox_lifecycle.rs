@@ -6,8 +6,10 @@
 
 use std::time::{Duration, Instant};
 
+
 use hangar_crds::{AttemptCause, AttemptEnd, Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
+use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace as namespace, phase};
 use hangar_e2e::shared_stack;
 use aws_sdk_ec2::types::InstanceStateName;
 use k8s_openapi::api::core::v1::Secret;
@@ -15,52 +17,12 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
-const DEADLINE: Duration = Duration::from_secs(90);
-
-async fn namespace(client: &kube::Client, name: &str) {
-    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let ns = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    let _ = api.create(&PostParams::default(), &ns).await;
-}
-
 fn sandbox(name: &str, mode: &str) -> Sandbox {
-    let mut spec = json!({"mode": mode, "image": IMAGE});
-    if mode == "agent" {
-        spec["command"] = json!(["run-agent"]);
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap()
+    sessions::sandbox(name, mode, json!({}))
 }
 
-/// Polls the Sandbox until `pred` holds (or the deadline passes, with the
-/// last status and the operator's log in the failure).
 async fn wait_for(api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&Sandbox) -> bool) -> Sandbox {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = api.get_opt(name).await.unwrap() {
-            if pred(&s) {
-                return s;
-            }
-            if start.elapsed() > DEADLINE {
-                panic!(
-                    "{name}: not {what} within {DEADLINE:?}; status: {}\noperator log:\n{}",
-                    serde_json::to_string_pretty(&s.status).unwrap(),
-                    shared_stack().operator().log_tail(30)
-                );
-            }
-        } else if start.elapsed() > DEADLINE {
-            panic!("{name}: gone while waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn phase(s: &Sandbox) -> Option<Phase> {
-    s.status.as_ref().and_then(|st| st.phase)
+    sessions::wait_for(shared_stack(), api, name, what, pred).await
 }
 
 async fn set_state(api: &Api<Sandbox>, name: &str, state: &str) -> Result<Sandbox, kube::Error> {
@@ -206,4 +168,37 @@ async fn the_orphan_sweep_removes_instances_and_volumes_whose_session_is_gone() 
     let foreign_state = ec2.describe_instances().instance_ids(&foreign_id).send().await.unwrap();
     let state = foreign_state.reservations()[0].instances()[0].state().unwrap().name().unwrap().clone();
     assert_eq!(state, InstanceStateName::Running, "untagged instances are left alone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch() {
+    use hangar_crds::SandboxTemplate;
+    use k8s_openapi::api::core::v1::Pod;
+    let stack = shared_stack();
+    let client = stack.cp.client().await.unwrap();
+    namespace(&client, "templates").await;
+    let image = "registry.example/python-dev@sha256:9e8d7c6b5a4f30e1d2c3b4a5968778695a4b3c2d1e0f9e8d7c6b5a4f30e1d2c3";
+    let template: SandboxTemplate = serde_json::from_value(json!({
+        "apiVersion": "hangar.dev/v1alpha1", "kind": "SandboxTemplate",
+        "metadata": {"name": "python-dev-2-0"},
+        "spec": {"name": "python-dev", "version": "2.0", "signature": "c2ln", "signedBy": "release-key",
+                 "manifest": {"image": image, "sbomDigest": format!("sha256:{}", "a".repeat(64)),
+                              "buildNetworkPolicy": {"allow": []}}},
+    }))
+    .unwrap();
+    Api::<SandboxTemplate>::all(client.clone()).create(&PostParams::default(), &template).await.unwrap();
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "templates");
+    let from_template = sessions::sandbox("templated", "commands", json!({"image": null, "template": "python-dev@2.0"}));
+    api.create(&PostParams::default(), &from_template).await.unwrap();
+    wait_for(&api, "templated", "running", |s| phase(s) == Some(Phase::Running)).await;
+    let pod = Api::<Pod>::namespaced(client.clone(), "templates").get("hangar-agent-templated").await.unwrap();
+    assert_eq!(pod.spec.unwrap().containers[0].image.as_deref(), Some(image));
+
+    let unknown = sessions::sandbox("untemplated", "commands", json!({"image": null, "template": "nope@1.0"}));
+    let created = api.create(&PostParams::default(), &unknown).await.unwrap();
+    let s = wait_for(&api, "untemplated", "failed", |s| phase(s) == Some(Phase::Failed)).await;
+    let reason = s.status.unwrap().stop_reason.unwrap_or_default();
+    assert!(reason.starts_with("template_not_found"), "{reason}");
+    let ec2 = ec2_client(&stack.moto.endpoint()).await;
+    assert!(session_instances(&ec2, &created.uid().unwrap()).await.is_empty(), "nothing launched");
 }

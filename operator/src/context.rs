@@ -24,6 +24,22 @@ pub struct Context {
     pub org_key: OrgKey,
     pub recorder: Recorder,
     pub metrics: Metrics,
+    /// Consecutive failed reconciles per `namespace/name`, for backoff.
+    pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+impl Context {
+    /// Exponential backoff for a failing session: 1 s, 2 s, 4 s … 60 s.
+    pub fn backoff(&self, key: &str) -> std::time::Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        std::time::Duration::from_secs(1u64 << (*n - 1).min(6)).min(std::time::Duration::from_secs(60))
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
 }
 
 /// Latency samples (milliseconds) of the operator's own steps, exported on

@@ -88,6 +88,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         org_key,
         recorder,
         metrics: Metrics::default(),
+        failures: Default::default(),
     });
     tokio::spawn(serve::serve(listener, ctx.clone()));
     tokio::spawn(sweep_loop(ec2, client, Duration::from_secs(settings.orphan_sweep_seconds)));

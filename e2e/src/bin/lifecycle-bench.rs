@@ -6,8 +6,12 @@
 //! DescribeInstances calls per minute with N live sessions, and operator
 //! RSS with M paused sessions (default 1000).
 //!
+//! Sessions are started, paused, resumed and ended at a steady rate (default
+//! 4 per second) so the latencies are per-session overheads; `--burst` does
+//! each step for all N at once and shows queueing on this 2-core machine.
+//!
 //! Run: `make bench` (release build), or
-//! `cargo run --release -p hangar-e2e --bin lifecycle-bench -- [N] [M]`.
+//! `cargo run --release -p hangar-e2e --bin lifecycle-bench -- [N] [M] [--burst]`.
 
 use std::time::{Duration, Instant};
 
@@ -18,13 +22,14 @@ use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-const IMAGE: &str = "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+use hangar_e2e::sessions::{TEST_IMAGE as IMAGE, ensure_namespace};
 
 fn main() {
     hangar_e2e::init_tracing();
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let n = args.first().copied().unwrap_or(100);
     let m = args.get(1).copied().unwrap_or(1000);
+    let burst = std::env::args().any(|a| a == "--burst");
     let cp = ControlPlane::start().expect("control plane");
     let stack = LocalStack::start(
         cp,
@@ -39,7 +44,7 @@ fn main() {
     )
     .expect("stack");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(run(&stack, n, m));
+    rt.block_on(run(&stack, n, m, burst));
 }
 
 fn counter(metrics: &str, name: &str) -> u64 {
@@ -77,26 +82,44 @@ async fn wait_all(api: &Api<Sandbox>, n: usize, want: Phase, what: &str) -> Dura
     }
 }
 
-async fn set_all(api: &Api<Sandbox>, n: usize, state: &str) {
+/// Runs `step(i)` for every session: all at once (`burst`) or 4 per second.
+async fn each<F, Fut, T>(n: usize, burst: bool, step: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    if burst {
+        return join_all((0..n).map(step)).await;
+    }
+    // Each step is one API call, far shorter than the 250 ms period.
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut out = Vec::new();
+    for i in 0..n {
+        tick.tick().await;
+        out.push(step(i).await);
+    }
+    out
+}
+
+async fn set_all(api: &Api<Sandbox>, n: usize, state: &str, burst: bool) {
     let patch = json!({"spec": {"state": state}});
-    join_all((0..n).map(|i| {
+    each(n, burst, |i| {
         let patch = patch.clone();
         async move { api.patch(&format!("bench-{i}"), &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap() }
-    }))
+    })
     .await;
 }
 
-async fn run(stack: &LocalStack, n: usize, m: usize) {
+async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool) {
     let client = stack.cp.client().await.unwrap();
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     for ns in ["bench", "bench-paused"] {
-        let _ = namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap()).await;
+        ensure_namespace(&client, ns).await;
     }
     let api: Api<Sandbox> = Api::namespaced(client.clone(), "bench");
     let before = stack.operator().metrics();
 
     eprintln!("bench: creating {n} sessions");
-    let created_at: Vec<(String, i64)> = join_all((0..n).map(|i| {
+    let created_at: Vec<(String, i64)> = each(n, burst, |i| {
         let s: Sandbox = serde_json::from_value(json!({
             "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
             "metadata": {"name": format!("bench-{i}")}, "spec": {"mode": "commands", "image": IMAGE},
@@ -107,7 +130,7 @@ async fn run(stack: &LocalStack, n: usize, m: usize) {
             api.create(&PostParams::default(), &s).await.unwrap();
             (format!("bench/bench-{i}"), now_ms())
         }
-    }))
+    })
     .await;
     let t_launch = wait_all(&api, n, Phase::Running, "launch").await;
 
@@ -117,11 +140,11 @@ async fn run(stack: &LocalStack, n: usize, m: usize) {
     let describes_per_minute = counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total") - d0;
 
     eprintln!("bench: pause, resume, end");
-    set_all(&api, n, "Paused").await;
+    set_all(&api, n, "Paused", burst).await;
     let t_pause = wait_all(&api, n, Phase::Paused, "pause").await;
-    set_all(&api, n, "Running").await;
+    set_all(&api, n, "Running", burst).await;
     let t_resume = wait_all(&api, n, Phase::Running, "resume").await;
-    set_all(&api, n, "Ended").await;
+    set_all(&api, n, "Ended", burst).await;
     let t_end = wait_all(&api, n, Phase::Ended, "end").await;
 
     let after = stack.operator().metrics();
@@ -159,7 +182,8 @@ async fn run(stack: &LocalStack, n: usize, m: usize) {
     let mutating_paused = counter(&stack.operator().metrics(), "hangar_ec2_mutating_calls_total");
 
     println!();
-    println!("hangar lifecycle benchmark: {n} sessions (commands mode), local stack, release build");
+    let pacing = if burst { "all at once" } else { "4 per second" };
+    println!("hangar lifecycle benchmark: {n} sessions (commands mode, each step {pacing}), local stack, 2 cores");
     println!("| figure | p50 | p99 | samples | target |");
     println!("| --- | --- | --- | --- | --- |");
     for (name, v, target) in [

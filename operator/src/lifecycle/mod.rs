@@ -118,10 +118,14 @@ where
     rx
 }
 
+/// A failed reconcile (e.g. a reset step EC2 refused) is retried with
+/// exponential backoff per session.
 fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    warn!(sandbox = %sandbox.name_any(), %error, "reconcile failed; retrying");
-    Requeue::requeue(Duration::from_secs(2))
+    let key = format!("{}/{}", sandbox.namespace().unwrap_or_default(), sandbox.name_any());
+    let delay = ctx.backoff(&key);
+    warn!(sandbox = %sandbox.name_any(), %error, ?delay, "reconcile failed; retrying");
+    Requeue::requeue(delay)
 }
 
 async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Requeue> {
@@ -178,6 +182,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         publish(&ctx, &sandbox, "ActionFailed", &e.to_string(), EventType::Warning).await;
         return Err(e);
     }
+    ctx.succeeded(&format!("{ns}/{name}"));
     if matches!(status.phase, Some(Phase::Ended | Phase::Failed)) {
         remove_finalizer(&api, &sandbox).await?;
         return Ok(Requeue::await_change());

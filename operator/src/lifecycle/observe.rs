@@ -100,10 +100,15 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         Some(WorkerReport { attempt, workspace_closed: closed })
     });
 
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let agent = match pods.get_opt(&agent_pod::pod_name(&name)).await? {
-        None => AgentState::Absent,
-        Some(p) => agent_state(&p),
+    // No instance, no node, no agent Pod yet: skip the read on the launch path.
+    let agent = if instance.is_none() {
+        AgentState::Absent
+    } else {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        match pods.get_opt(&agent_pod::pod_name(&name)).await? {
+            None => AgentState::Absent,
+            Some(p) => agent_state(&p),
+        }
     };
 
     let needs_volume = matches!(phase, Phase::Launching) && status.volume_attached != Some(true)
@@ -122,11 +127,16 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         },
     };
 
-    let key_present = if matches!(phase, Phase::Launching | Phase::Stopping | Phase::ResetIncomplete) {
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
-        secrets.get_opt(&keys::secret_name(session_id)).await?.is_some()
-    } else {
-        true
+    // The key is made (create, tolerating "exists") before RunInstances in
+    // the same pass, so while launching it is known without a read: absent
+    // until there is an instance. The reset confirms its destruction by a read.
+    let key_present = match phase {
+        Phase::Stopping | Phase::ResetIncomplete => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+            secrets.get_opt(&keys::secret_name(session_id)).await?.is_some()
+        }
+        Phase::Launching => instance.is_some(),
+        _ => true,
     };
 
     let queued_commands = if matches!(phase, Phase::Stopping | Phase::ResetIncomplete)

@@ -1,0 +1,78 @@
+//! Helpers the end-to-end tests and the benchmark share for driving
+//! Sandboxes: manifests, namespaces, and waiting for a phase with a
+//! deadline (never a fixed sleep).
+
+use std::time::{Duration, Instant};
+
+use hangar_crds::{Phase, Sandbox};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use crate::stack::LocalStack;
+
+pub const TEST_IMAGE: &str =
+    "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+pub const DEADLINE: Duration = Duration::from_secs(90);
+
+pub async fn ensure_namespace(client: &kube::Client, name: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
+
+/// A Sandbox in `mode` running the test image; `spec` is merged over it
+/// (`null` removes a field).
+pub fn sandbox(name: &str, mode: &str, spec: Value) -> Sandbox {
+    let mut base = json!({"mode": mode, "image": TEST_IMAGE});
+    if mode == "agent" {
+        base["command"] = json!(["run-agent"]);
+    }
+    if let (Some(b), Some(extra)) = (base.as_object_mut(), spec.as_object()) {
+        for (k, v) in extra {
+            if v.is_null() {
+                b.remove(k);
+            } else {
+                b.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": base,
+    }))
+    .expect("sandbox manifest")
+}
+
+pub fn phase(s: &Sandbox) -> Option<Phase> {
+    s.status.as_ref().and_then(|st| st.phase)
+}
+
+/// Polls until `pred` holds; on the deadline, fails with the last status
+/// and the operator's log.
+pub async fn wait_for(stack: &LocalStack, api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&Sandbox) -> bool) -> Sandbox {
+    let start = Instant::now();
+    loop {
+        let current = api.get_opt(name).await.expect("get sandbox");
+        if let Some(s) = &current {
+            if pred(s) {
+                return s.clone();
+            }
+        }
+        if start.elapsed() > DEADLINE {
+            panic!(
+                "{name}: not {what} within {DEADLINE:?}; status: {}\noperator log:\n{}",
+                current.map(|s| serde_json::to_string_pretty(&s.status).unwrap_or_default()).unwrap_or("(gone)".into()),
+                stack.operator().log_tail(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn wait_phase(stack: &LocalStack, api: &Api<Sandbox>, name: &str, want: Phase) -> Sandbox {
+    wait_for(stack, api, name, &format!("{want:?}"), |s| phase(s) == Some(want)).await
+}
