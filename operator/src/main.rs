@@ -48,6 +48,8 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let client = kube::Client::try_default().await?;
     let listener = tokio::net::TcpListener::bind(&settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint");
+    let ready = Arc::new(std::sync::OnceLock::new());
+    tokio::spawn(serve::serve(listener, ready.clone()));
 
     let election = settings.leader_elect.then(|| leader::LeaderElection {
         api: Api::namespaced(client.clone(), &settings.leader_election_namespace),
@@ -90,7 +92,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         metrics: Metrics::default(),
         failures: Default::default(),
     });
-    tokio::spawn(serve::serve(listener, ctx.clone()));
+    let _ = ready.set(ctx.clone());
     tokio::spawn(sweep_loop(ec2, client, Duration::from_secs(settings.orphan_sweep_seconds)));
 
     let controller = lifecycle::run(ctx, node_writer, lease_writer, changes_rx);

@@ -9,18 +9,22 @@ use tokio::net::TcpListener;
 
 use crate::context::Context;
 
-pub async fn serve(listener: TcpListener, ctx: Arc<Context>) {
+/// Serves from start-up: /healthz at once (the process is alive), /readyz
+/// and /metrics once `ready` holds the context (EC2 described, caches warm).
+pub async fn serve(listener: TcpListener, ready: Arc<std::sync::OnceLock<Arc<Context>>>) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else { continue };
-        let ctx = ctx.clone();
+        let ready = ready.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
             let n = sock.read(&mut buf).await.unwrap_or(0);
             let req = String::from_utf8_lossy(&buf[..n]);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (code, body) = match path {
-                "/healthz" | "/readyz" => ("200 OK", "ok\n".to_owned()),
-                "/metrics" => ("200 OK", metrics(&ctx)),
+            let (code, body) = match (path, ready.get()) {
+                ("/healthz", _) => ("200 OK", "ok\n".to_owned()),
+                ("/readyz", Some(_)) => ("200 OK", "ok\n".to_owned()),
+                ("/metrics", Some(ctx)) => ("200 OK", metrics(ctx)),
+                ("/readyz" | "/metrics", None) => ("503 Service Unavailable", "starting\n".to_owned()),
                 _ => ("404 Not Found", "not found\n".to_owned()),
             };
             let resp = format!(

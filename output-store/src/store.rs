@@ -1,0 +1,208 @@
+//! Where chunks live and how a reader gets the bytes past an offset.
+//!
+//! One object per chunk, named so a listing alone says what each holds:
+//! `<session>/cmd/<n>/<offset, 20 digits>-<stream>-<attempt>`. The names
+//! sort by offset, and a chunk's length is its size less the 16-byte tag.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::seal::{AttemptKey, SealError};
+
+const TAG_LEN: u64 = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "stdout" => Some(Stream::Stdout),
+            "stderr" => Some(Stream::Stderr),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub stream: Stream,
+    pub offset: u64,
+    pub data: Bytes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The attempt's key is destroyed (retention over): `sandbox_output_erased`.
+    #[error("the output of attempt {0} is erased")]
+    Erased(u32),
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("chunk {0}: {1}")]
+    Seal(String, SealError),
+}
+
+/// A chunk as listed: where it is and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub path: Path,
+    pub offset: u64,
+    pub len: u64,
+    pub stream: Stream,
+    pub attempt: u32,
+}
+
+pub(crate) fn chunk_name(stream: Stream, offset: u64, attempt: u32) -> String {
+    format!("{offset:020}-{}-{attempt}", stream.as_str())
+}
+
+pub(crate) fn parse_chunk_name(name: &str) -> Option<(u64, Stream, u32)> {
+    let mut parts = name.splitn(3, '-');
+    let offset = parts.next()?.parse().ok()?;
+    let stream = Stream::parse(parts.next()?)?;
+    let attempt = parts.next()?.parse().ok()?;
+    Some((offset, stream, attempt))
+}
+
+/// Associated data every chunk is sealed with.
+pub(crate) fn aad(session: &str, command: u32, stream: Stream) -> Vec<u8> {
+    format!("{session}/cmd/{command}/{}", stream.as_str()).into_bytes()
+}
+
+#[derive(Clone)]
+pub struct OutputStore {
+    store: Arc<dyn ObjectStore>,
+}
+
+impl OutputStore {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self { store }
+    }
+
+    /// A local directory (the default outside production).
+    pub fn local(dir: &std::path::Path) -> Result<Self, object_store::Error> {
+        std::fs::create_dir_all(dir).map_err(|e| object_store::Error::Generic { store: "local", source: e.into() })?;
+        Ok(Self::new(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?)))
+    }
+
+    /// An S3 bucket; `endpoint` overrides AWS (moto in tests).
+    pub fn s3(bucket: &str, region: &str, endpoint: Option<&str>) -> Result<Self, object_store::Error> {
+        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_region(region);
+        if let Some(e) = endpoint {
+            b = b.with_endpoint(e).with_allow_http(true).with_virtual_hosted_style_request(false);
+        }
+        Ok(Self::new(Arc::new(b.build()?)))
+    }
+
+    fn prefix(session: &str, command: u32) -> Path {
+        Path::from(format!("{session}/cmd/{command}"))
+    }
+
+    pub(crate) async fn put(&self, session: &str, command: u32, name: &str, sealed: Bytes) -> Result<(), object_store::Error> {
+        let path = Self::prefix(session, command).join(name);
+        self.store.put(&path, PutPayload::from_bytes(sealed)).await.map(|_| ())
+    }
+
+    /// Every chunk of a command, in offset order.
+    pub(crate) async fn entries(&self, session: &str, command: u32) -> Result<Vec<Entry>, object_store::Error> {
+        let metas: Vec<_> = self.store.list(Some(&Self::prefix(session, command))).try_collect().await?;
+        let mut entries: Vec<Entry> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let (offset, stream, attempt) = parse_chunk_name(m.location.filename()?)?;
+                Some(Entry { offset, len: m.size.saturating_sub(TAG_LEN), stream, attempt, path: m.location })
+            })
+            .collect();
+        entries.sort_by_key(|e| e.offset);
+        entries.dedup_by_key(|e| e.offset);
+        Ok(entries)
+    }
+
+    /// How far the output is stored without a gap: a reader can read up to
+    /// here (what attach reports per command).
+    pub async fn stored_end(&self, session: &str, command: u32) -> Result<u64, object_store::Error> {
+        Ok(contiguous(&self.entries(session, command).await?).last().map(|e| e.offset + e.len).unwrap_or(0))
+    }
+
+    /// The bytes past `after`, chunk by chunk, up to the first gap. `key`
+    /// gives the key of an attempt, or `None` once it is destroyed.
+    pub async fn read_after(
+        &self,
+        session: &str,
+        command: u32,
+        after: u64,
+        key: &dyn Fn(u32) -> Option<AttemptKey>,
+    ) -> Result<Vec<Chunk>, ReadError> {
+        let entries = self.entries(session, command).await?;
+        let mut out = Vec::new();
+        for e in contiguous(&entries).into_iter().filter(|e| e.offset + e.len > after) {
+            let k = key(e.attempt).ok_or(ReadError::Erased(e.attempt))?;
+            let sealed = self.store.get(&e.path).await?.bytes().await?;
+            let plain = k
+                .open(command, e.offset, &aad(session, command, e.stream), &sealed)
+                .map_err(|err| ReadError::Seal(e.path.to_string(), err))?;
+            let skip = after.saturating_sub(e.offset) as usize;
+            out.push(Chunk { stream: e.stream, offset: e.offset + skip as u64, data: Bytes::from(plain).slice(skip..) });
+        }
+        Ok(out)
+    }
+
+    /// Raw sealed bytes of every chunk (tests check nothing is in the clear).
+    pub async fn raw_objects(&self, session: &str, command: u32) -> Result<Vec<Bytes>, object_store::Error> {
+        let mut out = Vec::new();
+        for e in self.entries(session, command).await? {
+            out.push(self.store.get(&e.path).await?.bytes().await?);
+        }
+        Ok(out)
+    }
+}
+
+/// The leading run of entries with no gap from offset 0.
+fn contiguous(entries: &[Entry]) -> Vec<Entry> {
+    let mut next = 0;
+    let mut out = Vec::new();
+    for e in entries {
+        if e.offset != next {
+            break;
+        }
+        next = e.offset + e.len;
+        out.push(e.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_names_round_trip_and_sort_by_offset() {
+        let a = chunk_name(Stream::Stdout, 5, 1);
+        let b = chunk_name(Stream::Stderr, 40, 2);
+        assert!(a < b);
+        assert_eq!(parse_chunk_name(&a), Some((5, Stream::Stdout, 1)));
+        assert_eq!(parse_chunk_name(&b), Some((40, Stream::Stderr, 2)));
+        assert_eq!(parse_chunk_name("junk"), None);
+    }
+
+    #[test]
+    fn a_gap_stops_the_readable_run() {
+        let e = |offset, len| Entry { path: Path::from("x"), offset, len, stream: Stream::Stdout, attempt: 1 };
+        let run = contiguous(&[e(0, 5), e(5, 3), e(10, 2)]);
+        assert_eq!(run.len(), 2, "offset 8..10 is not stored yet");
+    }
+}
