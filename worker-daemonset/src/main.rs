@@ -31,6 +31,8 @@ enum Error {
     Workspace(#[from] std::io::Error),
     #[error("environment variable {0} is not set")]
     Env(&'static str),
+    #[error("the watch of node {0} ended before the operator labelled it")]
+    NodeWatchEnded(String),
 }
 
 struct Config {
@@ -95,7 +97,7 @@ async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, St
             return Ok((ns.clone(), name.clone()));
         }
     }
-    Err(Error::Env("NODE_NAME (node watch ended)"))
+    Err(Error::NodeWatchEnded(node_name.to_owned()))
 }
 
 async fn run(client: Client, config: Config) -> Result<(), Error> {

@@ -84,12 +84,13 @@ pub async fn execute(
         }
         Action::StopInstance { force } => {
             let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
-            let state = ctx.ec2.stop(&id, *force).await?;
-            ctx.instances.set_state(&id, state);
+            // Measured when the call leaves: the operator's part of the pause.
             if let Some(closed) = obs.workspace_closed_at {
                 let ms = (Timestamp::now().as_millisecond() - closed.as_millisecond()).max(0) as u64;
                 ctx.metrics.record(|m| m.workspace_closed_to_stop_ms.push(ms));
             }
+            let state = ctx.ec2.stop(&id, *force).await?;
+            ctx.instances.set_state(&id, state);
             ctx.instances.request_refresh();
             Ok(())
         }

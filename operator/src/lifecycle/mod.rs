@@ -90,32 +90,16 @@ pub async fn run(
             let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
             serves2(ns).then(|| m2.metrics.triggered(ns, name)).map(|_| ObjectRef::new(name).within(ns))
         })
-        .reconcile_on(tokio_stream_from(instance_changes))
+        .reconcile_on(receiver_stream(instance_changes))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
 }
 
-fn tokio_stream_from<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send {
-    async_stream(move |tx| async move {
-        while let Some(v) = rx.recv().await {
-            if tx.unbounded_send(v).is_err() {
-                break;
-            }
-        }
-    })
-}
-
-fn async_stream<T, F, Fut>(f: F) -> impl futures::Stream<Item = T>
-where
-    F: FnOnce(futures::channel::mpsc::UnboundedSender<T>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-    T: Send + 'static,
-{
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    tokio::spawn(f(tx));
-    rx
+/// The instance watcher's change notifications as a stream of Sandboxes.
+fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 /// A failed reconcile (e.g. a reset step EC2 refused) is retried with
