@@ -24,10 +24,7 @@ struct Inner {
     /// When a mutating call last set an instance's state here: a describe
     /// that started before that must not overwrite it with older news.
     local_updates: RwLock<HashMap<String, std::time::Instant>>,
-    /// Bumped after each refresh, so a caller can wait for a fresh view.
-    generation: RwLock<u64>,
     refresh: Notify,
-    refreshed: Notify,
 }
 
 impl Default for InstanceWatcher {
@@ -36,9 +33,7 @@ impl Default for InstanceWatcher {
             inner: Arc::new(Inner {
                 by_session: RwLock::default(),
                 local_updates: RwLock::default(),
-                generation: RwLock::new(0),
                 refresh: Notify::new(),
-                refreshed: Notify::new(),
             }),
         }
     }
@@ -94,26 +89,6 @@ impl InstanceWatcher {
         self.inner.refresh.notify_one();
     }
 
-    /// Asks for a refresh and waits (up to `timeout`) until one completes.
-    pub async fn refresh_and_wait(&self, timeout: Duration) {
-        let start = *self.inner.generation.read().expect("lock");
-        let waiting = self.inner.refreshed.notified();
-        tokio::pin!(waiting);
-        waiting.as_mut().enable();
-        self.request_refresh();
-        let _ = tokio::time::timeout(timeout, async {
-            loop {
-                if *self.inner.generation.read().expect("lock") > start {
-                    return;
-                }
-                waiting.as_mut().await;
-                waiting.set(self.inner.refreshed.notified());
-                waiting.as_mut().enable();
-            }
-        })
-        .await;
-    }
-
     /// Refreshes every `interval`, or sooner when asked; sends the Sandbox
     /// of every instance whose state changed to `changed`.
     pub async fn run(self, ec2: Ec2, interval: Duration, changed: mpsc::Sender<ObjectRef<hangar_crds::Sandbox>>) {
@@ -138,8 +113,6 @@ impl InstanceWatcher {
                 }
                 Err(e) => tracing::warn!(error = %e, "DescribeInstances failed; keeping the last view"),
             }
-            *self.inner.generation.write().expect("lock") += 1;
-            self.inner.refreshed.notify_waiters();
         }
     }
 
