@@ -15,7 +15,7 @@ use serde_json::json;
 use super::observe::Observation;
 use super::phase::{self, Action};
 use crate::context::Context;
-use crate::ec2::instances::LaunchRequest;
+use crate::ec2::instances::{InstanceView, LaunchRequest};
 use crate::ec2::tags::SessionTags;
 use crate::ec2::{Ec2Error, Ec2ErrorKind, user_data};
 use crate::error::{Error, Result};
@@ -231,10 +231,7 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
     });
     match ctx.ec2.launch(&req).await {
         Ok(view) => {
-            status.instance_id = Some(view.id.clone());
-            status.instance_type = Some(view.instance_type.clone());
-            status.zone = Some(view.zone.clone());
-            status.memory_gib = shape_of(&view.instance_type).map(|(_, m)| m as i64);
+            record_instance(status, &view);
             ctx.instances.observe(view);
             // Pending now; the watcher polls faster until it runs.
             ctx.instances.request_refresh();
@@ -248,6 +245,14 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The instance's id, type, zone and memory, as the status shows them.
+pub fn record_instance(status: &mut SandboxStatus, view: &InstanceView) {
+    status.instance_id = Some(view.id.clone());
+    status.instance_type = Some(view.instance_type.clone());
+    status.zone = Some(view.zone.clone());
+    status.memory_gib = shape_of(&view.instance_type).map(|(_, m)| m as i64);
 }
 
 fn fail_launch(status: &mut SandboxStatus, e: &Ec2Error) {

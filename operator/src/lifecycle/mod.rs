@@ -221,10 +221,7 @@ fn track_prerequisites(
 fn adopt(status: &mut SandboxStatus, obs: &observe::Observation) {
     if let Some(i) = obs.instance.as_ref().filter(|i| !i.state.is_gone()) {
         if status.instance_id.as_deref() != Some(i.id.as_str()) {
-            status.instance_id = Some(i.id.clone());
-            status.instance_type = Some(i.instance_type.clone());
-            status.zone = Some(i.zone.clone());
-            status.memory_gib = crate::settings::shape_of(&i.instance_type).map(|(_, m)| m as i64);
+            actions::record_instance(status, i);
         }
     }
     if let Some(v) = &obs.volume {
