@@ -23,7 +23,8 @@ pub struct ControlPlane {
     // Field order is drop order: the apiserver stops before etcd, and the
     // directory goes last.
     apiserver: ChildProcess,
-    etcd: ChildProcess,
+    // Held for its Drop, which stops etcd.
+    _etcd: ChildProcess,
     pub kubeconfig: PathBuf,
     pub server: String,
     pub pki: Pki,
@@ -104,7 +105,7 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{port}");
         let kubeconfig = root.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &server, &pki)?;
-        let mut cp = Self { apiserver, etcd, kubeconfig, server, pki, dir };
+        let mut cp = Self { apiserver, _etcd: etcd, kubeconfig, server, pki, dir };
         cp.wait_ready(with_crds)?;
         tracing::info!(elapsed = ?started.elapsed(), server = %cp.server, "control plane ready, CRDs Established");
         Ok(cp)
@@ -171,10 +172,6 @@ impl ControlPlane {
             .env("HELM_CONFIG_HOME", self.dir.path.join("helm/config"))
             .env("HELM_DATA_HOME", self.dir.path.join("helm/data"));
         Ok(cmd)
-    }
-
-    pub fn etcd_pid(&self) -> u32 {
-        self.etcd.id()
     }
 }
 

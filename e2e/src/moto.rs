@@ -8,7 +8,8 @@ use crate::error::Result;
 use crate::process::{ChildProcess, RunDir, free_port, http_get, wait_until};
 
 pub struct Moto {
-    process: ChildProcess,
+    // Held for its Drop, which stops moto.
+    _process: ChildProcess,
     pub port: u16,
     _dir: Option<RunDir>,
 }
@@ -33,15 +34,11 @@ impl Moto {
         wait_until("moto_server", &mut process, Duration::from_secs(60), || {
             http_get(port, "/moto-api/").is_ok_and(|(s, _)| s == 200)
         })?;
-        Ok(Self { process, port, _dir: dir })
+        Ok(Self { _process: process, port, _dir: dir })
     }
 
     /// The endpoint override for aws-sdk clients.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.process.id()
     }
 }

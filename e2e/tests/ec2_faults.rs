@@ -4,12 +4,11 @@
 //! reason and leaves nothing behind.
 
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
 use hangar_e2e::ec2_faults::{Fault, FaultProxy};
-use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
+use hangar_e2e::sessions::{self, ensure_namespace};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -113,9 +112,5 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     assert!(session_volumes(&ec2, &session).await.is_empty(), "no volume");
     let secrets: Api<Secret> = Api::namespaced(f.stack.cp.client().await.unwrap(), "hangar-system");
     assert!(secrets.get_opt(&format!("hangar-session-key-{session}")).await.unwrap().is_none(), "no key");
-    let start = Instant::now();
-    while !api.get("badami").await.unwrap().finalizers().is_empty() {
-        assert!(start.elapsed() < DEADLINE, "finalizer still present");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sessions::wait_for(&f.stack, &api, "badami", "without finalizer", |s| s.finalizers().is_empty()).await;
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::Notify;
 
 use crate::protocol::{EndedBy, FromSupervisor, OutputStream, ToSupervisor};
@@ -202,9 +202,4 @@ async fn run_agent(argv: Vec<String>, cfg: Arc<Config>, outbox: Arc<Outbox>) {
         }
     };
     outbox.send(FromSupervisor::AgentExited { exit_code: status.code(), signal: status.signal() });
-}
-
-/// Connects to a supervisor (the worker side, and tests).
-pub async fn connect(socket: &std::path::Path) -> std::io::Result<UnixStream> {
-    UnixStream::connect(socket).await
 }
