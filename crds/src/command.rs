@@ -19,6 +19,9 @@ pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3600;
     category = "hangar",
     status = "CommandStatus",
     derive = "PartialEq",
+    // `kubectl get sbxcmd --field-selector spec.sandbox=NAME`; the worker
+    // watches only its session's commands this way.
+    selectable = ".spec.sandbox",
     printcolumn = r#"{"name":"Sandbox","type":"string","jsonPath":".spec.sandbox"}"#,
     printcolumn = r#"{"name":"Number","type":"integer","jsonPath":".status.number"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
@@ -43,6 +46,17 @@ pub struct CommandSpec {
     #[serde(default)]
     pub cancel: bool,
 }
+
+/// The command's job on the session certificate: `<sessionId>/cmd/<n>`.
+pub fn job_id(session_id: &str, number: i64) -> String {
+    format!("{session_id}/cmd/{number}")
+}
+
+/// The most commands one session takes, and the most not yet finished.
+pub const MAX_PER_SESSION: i64 = 247;
+pub const MAX_UNFINISHED: i64 = 64;
+/// The most commands running at once in one session.
+pub const MAX_RUNNING: usize = 16;
 
 fn default_timeout_seconds() -> i64 {
     DEFAULT_TIMEOUT_SECONDS
@@ -101,6 +115,27 @@ pub enum CommandPhase {
 }
 
 impl CommandPhase {
+    pub const FINAL: [CommandPhase; 5] = [
+        CommandPhase::Exited,
+        CommandPhase::Cancelled,
+        CommandPhase::KilledAtPause,
+        CommandPhase::TimedOut,
+        CommandPhase::OutcomeUnknown,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CommandPhase::Queued => "queued",
+            CommandPhase::Running => "running",
+            CommandPhase::Cancelling => "cancelling",
+            CommandPhase::Exited => "exited",
+            CommandPhase::Cancelled => "cancelled",
+            CommandPhase::KilledAtPause => "killed_at_pause",
+            CommandPhase::TimedOut => "timed_out",
+            CommandPhase::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+
     /// The last five statuses are final: a command never leaves them.
     pub const fn is_final(self) -> bool {
         matches!(
@@ -124,5 +159,9 @@ mod tests {
         let all = [Queued, Running, Cancelling, Exited, Cancelled, KilledAtPause, TimedOut, OutcomeUnknown];
         assert_eq!(all.iter().filter(|p| p.is_final()).count(), 5);
         assert!(!Cancelling.is_final());
+        for p in all {
+            assert_eq!(serde_json::to_value(p).unwrap(), serde_json::json!(p.as_str()));
+            assert_eq!(CommandPhase::FINAL.contains(&p), p.is_final());
+        }
     }
 }

@@ -15,7 +15,7 @@ mod schema;
 pub mod sandbox_template;
 pub mod session_token;
 
-pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar};
+pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job_id};
 pub use error_code::ErrorCode;
 pub use sandbox::{
     Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion,

@@ -335,6 +335,25 @@ pub(crate) fn command(e: &mut SchemaEditor) {
         SandboxCommandCancelled,
         "cancel is final: a cancelled command stays cancelled and never runs",
     );
+    // The status is written by the operator (number) and the worker
+    // (progress); these rules make the apiserver hold both to the contract.
+    let finals = crate::CommandPhase::FINAL.iter().map(|p| format!("'{}'", p.as_str())).collect::<Vec<_>>().join(", ");
+    e.rule(
+        "status",
+        &format!(
+            "!has(oldSelf.phase) || !(oldSelf.phase in [{finals}]) || \
+             (has(self.phase) && self.phase == oldSelf.phase && \
+              has(self.exitCode) == has(oldSelf.exitCode) && (!has(self.exitCode) || self.exitCode == oldSelf.exitCode))"
+        ),
+        SandboxRequestInvalid,
+        "a command never leaves a final status",
+    )
+    .rule(
+        "status",
+        "!has(oldSelf.number) || (has(self.number) && self.number == oldSelf.number)",
+        SandboxRequestInvalid,
+        "a command's number never changes",
+    );
 }
 
 pub(crate) fn session_token(e: &mut SchemaEditor) {

@@ -108,6 +108,16 @@ impl OutputStore {
         Ok(Self::new(Arc::new(b.build()?)))
     }
 
+    /// `s3://bucket` (region and endpoint from the arguments, credentials
+    /// from the AWS environment) or a local directory (`file:///dir` or a
+    /// plain path).
+    pub fn from_url(url: &str, region: &str, endpoint: Option<&str>) -> Result<Self, object_store::Error> {
+        match url.strip_prefix("s3://") {
+            Some(bucket) => Self::s3(bucket.trim_end_matches('/'), region, endpoint),
+            None => Self::local(std::path::Path::new(url.strip_prefix("file://").unwrap_or(url))),
+        }
+    }
+
     fn prefix(session: &str, command: u32) -> Path {
         Path::from(format!("{session}/cmd/{command}"))
     }

@@ -24,6 +24,8 @@ pub enum WriteError {
     Store(#[from] object_store::Error),
     #[error(transparent)]
     Seal(#[from] SealError),
+    #[error("chunk at offset {got} leaves a gap: the output is stored up to {expected}")]
+    Gap { expected: u64, got: u64 },
 }
 
 pub struct OutputWriter {
@@ -72,6 +74,20 @@ impl OutputWriter {
         self.offset += bytes.len() as u64;
         self.upload(&name, Bytes::from(sealed)).await?;
         Ok(self.offset)
+    }
+
+    /// Writes the chunk whose first byte is at `offset`: the part already
+    /// stored (a chunk delivered again after a restart) is skipped, so
+    /// writing the same chunk twice stores it once.
+    pub async fn write_at(&mut self, stream: Stream, offset: u64, bytes: &[u8]) -> Result<u64, WriteError> {
+        if offset > self.offset {
+            return Err(WriteError::Gap { expected: self.offset, got: offset });
+        }
+        let skip = (self.offset - offset) as usize;
+        if skip >= bytes.len() {
+            return Ok(self.offset);
+        }
+        self.append(stream, &bytes[skip..]).await
     }
 
     /// Test hook: spools a chunk and "crashes" before uploading it.

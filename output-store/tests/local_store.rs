@@ -86,3 +86,22 @@ async fn each_attempt_has_its_key_and_a_destroyed_key_erases_its_output() {
     let erased = |_: u32| None;
     assert!(matches!(store.read_after(SESSION, 3, 0, &erased).await, Err(ReadError::Erased(1))));
 }
+
+#[tokio::test]
+async fn a_chunk_delivered_again_is_stored_once_and_a_gap_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = OutputStore::local(&dir.path().join("store")).unwrap();
+    let k = AttemptKey::generate().unwrap();
+    let mut w = OutputWriter::open(store.clone(), dir.path().join("spool"), SESSION, 3, 1, key(&k)).await.unwrap();
+    assert_eq!(w.write_at(Stream::Stdout, 0, b"abc").await.unwrap(), 3);
+    assert_eq!(w.write_at(Stream::Stdout, 0, b"abc").await.unwrap(), 3, "the same chunk again");
+    assert_eq!(w.write_at(Stream::Stderr, 3, b"def").await.unwrap(), 6);
+    assert!(matches!(
+        w.write_at(Stream::Stdout, 9, b"x").await,
+        Err(hangar_output::WriteError::Gap { expected: 6, got: 9 })
+    ));
+    let keys = |_: u32| Some(key(&k));
+    let all = store.read_after(SESSION, 3, 0, &keys).await.unwrap();
+    assert_eq!(concat(&all), b"abcdef");
+    assert_eq!(store.raw_objects(SESSION, 3).await.unwrap().len(), 2, "two chunks, not three");
+}

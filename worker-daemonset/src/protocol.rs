@@ -1,6 +1,13 @@
 //! Worker ⇄ supervisor messages, one JSON object per line over the Unix
 //! socket. Output bytes travel base64-encoded, each chunk marked with its
-//! stream; offsets are the worker's business (it owns the output store).
+//! stream and its byte offset in the command's output (the supervisor, which
+//! reads the pipes, is the one that knows the order of the bytes).
+//!
+//! Delivery is at least once: every message from the supervisor carries a
+//! sequence number and stays in its outbox until the worker acknowledges it
+//! (after the output is on the node's spool or the status is written). A
+//! worker that restarts gets every unacknowledged message again and drops
+//! what it already has by offset, so nothing is lost or written twice.
 
 use serde::{Deserialize, Serialize};
 
@@ -8,12 +15,31 @@ use serde::{Deserialize, Serialize};
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum ToSupervisor {
-    /// Run a command (argv, env, working directory, timeout).
+    /// Run a command (argv, env, working directory, timeout). A second Run
+    /// with an id the supervisor has already seen is ignored.
     Run { id: u32, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String>, timeout_seconds: u64 },
     /// Cancel a running command: SIGTERM, then SIGKILL after the grace.
     Cancel { id: u32 },
     /// The session is pausing: end every running command.
     KillAll,
+    /// Every message up to and including `seq` is processed: drop them.
+    Ack { upto: u64 },
+}
+
+/// The first line on every connection, not sequenced: who the worker is
+/// talking to. `boot` changes when the supervisor (the container) restarts;
+/// `known` lists every command id this supervisor has accepted.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Hello {
+    pub boot: String,
+    pub known: Vec<u32>,
+}
+
+/// A sequenced message from the supervisor.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Sequenced {
+    pub seq: u64,
+    pub msg: FromSupervisor,
 }
 
 /// From the supervisor to the worker.
@@ -23,7 +49,9 @@ pub enum FromSupervisor {
     Started { id: u32, pid: u32 },
     /// Could not start (no such program, bad directory, …).
     Failed { id: u32, message: String },
-    Output { id: u32, stream: OutputStream, data_b64: String },
+    /// `offset` is the position of the chunk's first byte in the command's
+    /// output (stdout and stderr together).
+    Output { id: u32, stream: OutputStream, offset: u64, data_b64: String },
     /// The process ended. `exit_code` is absent when a signal ended it.
     Exited { id: u32, exit_code: Option<i32>, signal: Option<i32>, ended_by: EndedBy },
     /// Mode agent: the agent's own command ended.

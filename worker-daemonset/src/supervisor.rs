@@ -3,10 +3,10 @@
 //! stdout and stderr as marked chunks, enforces timeouts (SIGTERM, then
 //! SIGKILL after a grace), cancels on request and reports exit codes. It
 //! holds no credentials and talks only to the worker, over a Unix socket.
-//! Messages produced while no worker is connected (a worker restart) are
-//! kept and delivered when one connects again.
+//! Messages stay in an outbox until the worker acknowledges them, so a
+//! worker restart (even a kill -9 with messages in the socket) loses none.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::net::UnixListener;
 use tokio::sync::Notify;
 
-use crate::protocol::{EndedBy, FromSupervisor, OutputStream, ToSupervisor};
+use crate::protocol::{EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor};
 
 pub struct Config {
     pub socket: PathBuf,
@@ -28,17 +28,69 @@ pub struct Config {
     pub grace: Duration,
 }
 
-/// Outbound messages, kept until a worker has read them.
+/// Unacknowledged output above this holds the command's pipes (the process
+/// blocks on write, as on a slow terminal) instead of growing memory.
+const OUTBOX_LIMIT_BYTES: usize = 16 << 20;
+
+/// Outbound messages, kept until the worker acknowledges them.
 #[derive(Default)]
 struct Outbox {
-    queue: Mutex<VecDeque<FromSupervisor>>,
+    state: Mutex<OutboxState>,
     ready: Notify,
+    drained: Notify,
+}
+
+#[derive(Default)]
+struct OutboxState {
+    queue: VecDeque<(Sequenced, usize)>,
+    last_seq: u64,
+    bytes: usize,
+    /// Every command id accepted since this supervisor started.
+    known: HashSet<u32>,
 }
 
 impl Outbox {
-    fn send(&self, m: FromSupervisor) {
-        self.queue.lock().expect("outbox").push_back(m);
+    fn send(&self, msg: FromSupervisor) {
+        let size = match &msg {
+            FromSupervisor::Output { data_b64, .. } => data_b64.len(),
+            _ => 0,
+        };
+        let mut st = self.state.lock().expect("outbox");
+        st.last_seq += 1;
+        let seq = st.last_seq;
+        st.queue.push_back((Sequenced { seq, msg }, size));
+        st.bytes += size;
+        drop(st);
         self.ready.notify_one();
+    }
+
+    fn ack(&self, upto: u64) {
+        let mut st = self.state.lock().expect("outbox");
+        while st.queue.front().is_some_and(|(m, _)| m.seq <= upto) {
+            let (_, size) = st.queue.pop_front().expect("front");
+            st.bytes -= size;
+        }
+        drop(st);
+        self.drained.notify_waiters();
+    }
+
+    /// Waits until the unacknowledged output is under the limit.
+    async fn room(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.state.lock().expect("outbox").bytes < OUTBOX_LIMIT_BYTES {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// The first unacknowledged message after `cursor`.
+    fn after(&self, cursor: u64) -> Option<Sequenced> {
+        let st = self.state.lock().expect("outbox");
+        st.queue.iter().find(|(m, _)| m.seq > cursor).map(|(m, _)| m.clone())
     }
 }
 
@@ -51,13 +103,14 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
     let outbox = Arc::new(Outbox::default());
     let running: Running = Arc::default();
     let cfg = Arc::new(cfg);
+    let boot = format!("{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     if let Some(argv) = agent {
         tokio::spawn(run_agent(argv, cfg.clone(), outbox.clone()));
     }
     loop {
         let (stream, _) = listener.accept().await?;
         let (read, write) = stream.into_split();
-        let writer = tokio::spawn(deliver(write, outbox.clone()));
+        let writer = tokio::spawn(deliver(write, outbox.clone(), boot.clone()));
         let mut lines = BufReader::new(read).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             match serde_json::from_str::<ToSupervisor>(&line) {
@@ -65,37 +118,53 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
                 Err(e) => eprintln!("supervisor: bad message: {e}"),
             }
         }
-        // The worker went away; commands keep running, output is kept.
+        // The worker went away; commands keep running, output is kept
+        // until a worker acknowledges it.
         writer.abort();
     }
 }
 
-/// Writes queued messages to the connected worker, in order; a message is
-/// dropped from the queue only once written.
-async fn deliver(mut write: tokio::net::unix::OwnedWriteHalf, outbox: Arc<Outbox>) {
+/// Writes the hello, then every unacknowledged message in order, then new
+/// ones as they come.
+async fn deliver(mut write: tokio::net::unix::OwnedWriteHalf, outbox: Arc<Outbox>, boot: String) {
+    let mut known: Vec<u32> = outbox.state.lock().expect("outbox").known.iter().copied().collect();
+    known.sort_unstable();
+    if write_line(&mut write, &Hello { boot, known }).await.is_err() {
+        return;
+    }
+    let mut cursor = 0;
     loop {
-        let next = outbox.queue.lock().expect("outbox").front().cloned();
-        match next {
+        let ready = outbox.ready.notified();
+        match outbox.after(cursor) {
             Some(m) => {
-                let mut line = serde_json::to_vec(&m).expect("serialisable");
-                line.push(b'\n');
-                if write.write_all(&line).await.is_err() {
+                if write_line(&mut write, &m).await.is_err() {
                     return;
                 }
-                outbox.queue.lock().expect("outbox").pop_front();
+                cursor = m.seq;
             }
-            None => outbox.ready.notified().await,
+            None => ready.await,
         }
     }
+}
+
+async fn write_line(write: &mut tokio::net::unix::OwnedWriteHalf, m: &impl serde::Serialize) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(m).expect("serialisable");
+    line.push(b'\n');
+    write.write_all(&line).await
 }
 
 fn handle(msg: ToSupervisor, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &Running) {
     match msg {
         ToSupervisor::Run { id, argv, env, cwd, timeout_seconds } => {
+            // At most once per id: a worker that restarted may ask again.
+            if !outbox.state.lock().expect("outbox").known.insert(id) {
+                return;
+            }
             tokio::spawn(run_command(id, argv, env, cwd, timeout_seconds, cfg.clone(), outbox.clone(), running.clone()));
         }
         ToSupervisor::Cancel { id } => end(running, Some(id), EndedBy::Cancel, cfg.grace),
         ToSupervisor::KillAll => end(running, None, EndedBy::KillAll, cfg.grace),
+        ToSupervisor::Ack { upto } => outbox.ack(upto),
     }
 }
 
@@ -155,8 +224,9 @@ async fn run_command(
     let pid = child.id().unwrap_or(0);
     running.lock().expect("running").insert(id, (pid as i32, None));
     outbox.send(FromSupervisor::Started { id, pid });
-    let out = tokio::spawn(pump(id, OutputStream::Stdout, child.stdout.take().expect("piped"), outbox.clone()));
-    let err = tokio::spawn(pump(id, OutputStream::Stderr, child.stderr.take().expect("piped"), outbox.clone()));
+    let offset = Arc::new(Mutex::new(0u64));
+    let out = tokio::spawn(pump(id, OutputStream::Stdout, child.stdout.take().expect("piped"), outbox.clone(), offset.clone()));
+    let err = tokio::spawn(pump(id, OutputStream::Stderr, child.stderr.take().expect("piped"), outbox.clone(), offset));
     let timeout = Duration::from_secs(timeout_seconds.max(1));
     let status = tokio::select! {
         s = child.wait() => s,
@@ -176,16 +246,21 @@ async fn run_command(
     outbox.send(FromSupervisor::Exited { id, exit_code, signal, ended_by });
 }
 
-async fn pump(id: u32, stream: OutputStream, mut pipe: impl AsyncRead + Unpin, outbox: Arc<Outbox>) {
-    let mut buf = vec![0u8; 64 * 1024];
+/// Reads one pipe. Both pipes of a command share `offset`; a chunk takes
+/// its offset and enters the outbox under that one lock, so the outbox
+/// holds each command's chunks in offset order.
+async fn pump(id: u32, stream: OutputStream, mut pipe: impl AsyncRead + Unpin, outbox: Arc<Outbox>, offset: Arc<Mutex<u64>>) {
+    let mut buf = vec![0u8; 256 * 1024];
     loop {
+        outbox.room().await;
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => outbox.send(FromSupervisor::Output {
-                id,
-                stream,
-                data_b64: base64::engine::general_purpose::STANDARD.encode(&buf[..n]),
-            }),
+            Ok(n) => {
+                let data_b64 = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
+                let mut at = offset.lock().expect("offset");
+                outbox.send(FromSupervisor::Output { id, stream, offset: *at, data_b64 });
+                *at += n as u64;
+            }
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The supervisor as a real process on a real Unix socket: output marked by
-//! stream, exit codes, timeouts (SIGTERM then SIGKILL), cancel, and output
-//! kept while no worker is connected.
+//! stream with continuous offsets, exit codes, timeouts (SIGTERM then
+//! SIGKILL), cancel, output kept while no worker is connected, and
+//! at-least-once delivery: whatever the worker did not acknowledge comes
+//! again on the next connection, and a repeated Run is not run twice.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,7 +10,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use base64::Engine;
-use hangar_worker::protocol::{EndedBy, FromSupervisor, OutputStream, ToSupervisor};
+use hangar_worker::protocol::{EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
@@ -38,14 +40,19 @@ async fn start(dir: &Path) -> (Supervisor, std::path::PathBuf) {
     (Supervisor(child), socket)
 }
 
-/// Reads messages until `id` exits; returns (stdout, stderr, exit message).
+/// Reads messages until `id` exits; returns (stdout, stderr, exit message)
+/// and checks the offsets are continuous from 0 across both streams.
 async fn collect(lines: &mut Lines, id: u32) -> (Vec<u8>, Vec<u8>, FromSupervisor) {
     let mut out: HashMap<OutputStream, Vec<u8>> = HashMap::new();
+    let mut next_offset = 0;
     let read = async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            match serde_json::from_str::<FromSupervisor>(&line).unwrap() {
-                FromSupervisor::Output { id: i, stream, data_b64 } if i == id => {
-                    out.entry(stream).or_default().extend(base64::engine::general_purpose::STANDARD.decode(data_b64).unwrap())
+            match serde_json::from_str::<Sequenced>(&line).unwrap().msg {
+                FromSupervisor::Output { id: i, stream, offset, data_b64 } if i == id => {
+                    let bytes = base64::engine::general_purpose::STANDARD.decode(data_b64).unwrap();
+                    assert_eq!(offset, next_offset, "offsets are continuous");
+                    next_offset += bytes.len() as u64;
+                    out.entry(stream).or_default().extend(bytes)
                 }
                 m @ FromSupervisor::Exited { id: i, .. } if i == id => return m,
                 _ => {}
@@ -67,9 +74,12 @@ fn run(id: u32, script: &str, timeout_seconds: u64) -> ToSupervisor {
     }
 }
 
-async fn connect(socket: &Path) -> (Lines, tokio::net::unix::OwnedWriteHalf) {
+/// Connects and reads the supervisor's hello.
+async fn connect(socket: &Path) -> (Lines, tokio::net::unix::OwnedWriteHalf, Hello) {
     let (r, w) = UnixStream::connect(socket).await.unwrap().into_split();
-    (BufReader::new(r).lines(), w)
+    let mut lines = BufReader::new(r).lines();
+    let hello = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    (lines, w, hello)
 }
 
 async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, m: &ToSupervisor) {
@@ -82,7 +92,7 @@ async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, m: &ToSupervisor) {
 async fn output_is_marked_by_stream_and_the_exit_code_reported() {
     let dir = tempfile::tempdir().unwrap();
     let (_sup, socket) = start(dir.path()).await;
-    let (mut lines, mut w) = connect(&socket).await;
+    let (mut lines, mut w, _) = connect(&socket).await;
     send(&mut w, &run(1, "echo $GREETING; pwd; echo oops >&2; exit 3", 60)).await;
     let (out, err, exited) = collect(&mut lines, 1).await;
     assert_eq!(String::from_utf8(out).unwrap(), format!("hello\n{}\n", dir.path().display()), "env and default working directory");
@@ -94,7 +104,7 @@ async fn output_is_marked_by_stream_and_the_exit_code_reported() {
 async fn a_timeout_ends_the_command_and_its_children() {
     let dir = tempfile::tempdir().unwrap();
     let (_sup, socket) = start(dir.path()).await;
-    let (mut lines, mut w) = connect(&socket).await;
+    let (mut lines, mut w, _) = connect(&socket).await;
     // The shell ignores SIGTERM, so only the SIGKILL after the grace ends it.
     send(&mut w, &run(2, "trap '' TERM; echo started; sleep 30 & wait", 1)).await;
     let (out, _, exited) = collect(&mut lines, 2).await;
@@ -106,12 +116,12 @@ async fn a_timeout_ends_the_command_and_its_children() {
 async fn cancel_sends_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let (_sup, socket) = start(dir.path()).await;
-    let (mut lines, mut w) = connect(&socket).await;
+    let (mut lines, mut w, _) = connect(&socket).await;
     send(&mut w, &run(3, "echo running; exec sleep 30", 60)).await;
     // Wait until it runs, then cancel.
     loop {
         let line = lines.next_line().await.unwrap().unwrap();
-        if matches!(serde_json::from_str(&line).unwrap(), FromSupervisor::Output { id: 3, .. }) {
+        if matches!(serde_json::from_str::<Sequenced>(&line).unwrap().msg, FromSupervisor::Output { id: 3, .. }) {
             break;
         }
     }
@@ -124,12 +134,47 @@ async fn cancel_sends_sigterm() {
 async fn output_made_while_no_worker_is_connected_is_delivered_later() {
     let dir = tempfile::tempdir().unwrap();
     let (_sup, socket) = start(dir.path()).await;
-    let (lines, mut w) = connect(&socket).await;
+    let (lines, mut w, _) = connect(&socket).await;
     send(&mut w, &run(4, "sleep 0.3; echo while-away", 60)).await;
     drop(lines);
     drop(w); // the worker restarts
-    let (mut lines, _w) = connect(&socket).await;
+    let (mut lines, _w, hello) = connect(&socket).await;
+    assert_eq!(hello.known, vec![4], "the supervisor tells a new worker which commands it has");
     let (out, _, exited) = collect(&mut lines, 4).await;
     assert_eq!(out, b"while-away\n");
     assert!(matches!(exited, FromSupervisor::Exited { exit_code: Some(0), .. }));
+}
+
+#[tokio::test]
+async fn unacknowledged_messages_come_again_and_a_repeated_run_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sup, socket) = start(dir.path()).await;
+    let (mut lines, mut w, first) = connect(&socket).await;
+    assert!(first.known.is_empty());
+    send(&mut w, &run(5, "echo one; echo two >&2; echo three", 60)).await;
+    let (out, err, _) = collect(&mut lines, 5).await;
+    assert_eq!((out.as_slice(), err.as_slice()), (&b"one\nthree\n"[..], &b"two\n"[..]));
+    // The worker "crashes" without acknowledging: everything comes again,
+    // with the same sequence numbers and offsets.
+    drop((lines, w));
+    let (mut lines, mut w, hello) = connect(&socket).await;
+    assert_eq!(hello.boot, first.boot, "same supervisor");
+    send(&mut w, &run(5, "echo must-not-run-twice", 60)).await;
+    let (out, err, exited) = collect(&mut lines, 5).await;
+    assert_eq!((out.as_slice(), err.as_slice()), (&b"one\nthree\n"[..], &b"two\n"[..]), "re-delivered, not re-run");
+    assert!(matches!(exited, FromSupervisor::Exited { exit_code: Some(0), .. }));
+    // Acknowledge everything: the next connection gets nothing old.
+    send(&mut w, &ToSupervisor::Ack { upto: u64::MAX }).await;
+    send(&mut w, &run(6, "echo six", 60)).await;
+    let (out, _, _) = collect(&mut lines, 6).await;
+    assert_eq!(out, b"six\n");
+    drop((lines, w));
+    let (mut lines, mut w, _) = connect(&socket).await;
+    send(&mut w, &ToSupervisor::Ack { upto: 0 }).await;
+    let first_line = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let m: Sequenced = serde_json::from_str(&first_line).unwrap();
+    assert!(
+        matches!(m.msg, FromSupervisor::Output { id: 6, .. } | FromSupervisor::Started { id: 6, .. }),
+        "only command 6's messages (sent after the ack) remain: {m:?}"
+    );
 }
