@@ -10,6 +10,7 @@ pub mod command;
 pub mod error_code;
 pub mod heartbeat;
 pub mod manifests;
+pub mod output_keys;
 pub mod sandbox;
 mod schema;
 pub mod sandbox_template;

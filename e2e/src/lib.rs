@@ -6,6 +6,7 @@
 //! when its owner drops it or when the test process dies.
 
 pub mod build;
+pub mod commands;
 pub mod control_plane;
 pub mod ec2;
 pub mod ec2_faults;

@@ -5,6 +5,16 @@
 //! agent Pod as a kubelet would. A stopped instance loses its worker (like
 //! a power-off) and its Node goes NotReady; a started one gets a fresh
 //! worker on the same directory; a terminated one loses its Node.
+//!
+//! Playing the kubelet, it also runs the agent Pod's entrypoint, the real
+//! in-sandbox supervisor, as a local process rooted at the volume
+//! directory (no container), with the Pod's own arguments; a supervisor
+//! that dies is restarted like a container, a worker that dies like a
+//! DaemonSet pod. Every process of a simulated node carries
+//! `HANGAR_SIM_NODE=<node>` in its environment, so a power-off (stop,
+//! terminate) kills all of them, commands included; the container's
+//! processes also carry `HANGAR_SIM_CONTAINER`, so a supervisor that dies
+//! takes its commands with it, as PID 1 of a container does.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -27,6 +37,12 @@ pub struct SimConfig {
     /// One directory per workspace volume id: the "disk".
     pub volumes_dir: PathBuf,
     pub log_dir: PathBuf,
+    /// Per node: the supervisor socket, the worker's spool (the instance's
+    /// root disk, which survives a stop).
+    pub nodes_dir: PathBuf,
+    /// The output store (a local directory) every worker writes to.
+    pub output_dir: PathBuf,
+    pub supervisor_bin: PathBuf,
     pub system_namespace: String,
     pub cluster_name: String,
     pub heartbeat_ms: u64,
@@ -38,6 +54,7 @@ pub struct NodeSimulator {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub volumes_dir: PathBuf,
+    pub nodes_dir: PathBuf,
 }
 
 impl Drop for NodeSimulator {
@@ -55,6 +72,9 @@ impl Drop for NodeSimulator {
 struct SimNode {
     name: String,
     worker: Option<ChildProcess>,
+    supervisor: Option<ChildProcess>,
+    /// The workspace volume attached when the worker started.
+    volume: Option<String>,
     ready: bool,
     /// When the node's kube-node-lease Lease was last renewed.
     lease_renewed: Option<std::time::Instant>,
@@ -63,7 +83,9 @@ struct SimNode {
 impl NodeSimulator {
     pub fn start(cfg: SimConfig) -> Self {
         std::fs::create_dir_all(&cfg.volumes_dir).expect("volumes dir");
+        std::fs::create_dir_all(&cfg.nodes_dir).expect("nodes dir");
         let volumes_dir = cfg.volumes_dir.clone();
+        let nodes_dir = cfg.nodes_dir.clone();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("node-simulator".into())
@@ -85,7 +107,13 @@ impl NodeSimulator {
                 });
             })
             .expect("simulator thread");
-        Self { stop: Some(stop), thread: Some(thread), volumes_dir }
+        Self { stop: Some(stop), thread: Some(thread), volumes_dir, nodes_dir }
+    }
+
+    /// The pid of a node's worker or supervisor (`"worker"`/`"supervisor"`),
+    /// for tests that kill one.
+    pub fn pid(&self, node: &str, which: &str) -> Option<i32> {
+        std::fs::read_to_string(self.nodes_dir.join(node).join(format!("{which}.pid"))).ok()?.trim().parse().ok()
     }
 
     /// The directory standing in for a workspace volume.
@@ -111,7 +139,14 @@ async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig,
             InstanceStateName::Running => {
                 let node = nodes
                     .entry(id.to_owned())
-                    .or_insert_with(|| SimNode { name: id.to_owned(), worker: None, ready: false, lease_renewed: None });
+                    .or_insert_with(|| SimNode {
+                        name: id.to_owned(),
+                        worker: None,
+                        supervisor: None,
+                        volume: None,
+                        ready: false,
+                        lease_renewed: None,
+                    });
                 if !node.ready {
                     register(&node_api, &node.name, id, zone, true).await?;
                     node.ready = true;
@@ -121,17 +156,20 @@ async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig,
                     renew_node_lease(client, &node.name).await?;
                     node.lease_renewed = Some(std::time::Instant::now());
                 }
+                // A worker that died is restarted, as its DaemonSet would.
+                if node.worker.as_mut().is_some_and(|w| w.check_alive().is_err()) {
+                    node.worker = None;
+                }
                 if node.worker.is_none() {
                     if let Some(volume) = attached_volume(ec2, id).await? {
                         node.worker = Some(start_worker(cfg, &node.name, &volume)?);
+                        node.volume = Some(volume);
                     }
                 }
             }
             InstanceStateName::Stopping | InstanceStateName::Stopped => {
                 if let Some(node) = nodes.get_mut(id) {
-                    if let Some(mut w) = node.worker.take() {
-                        w.kill();
-                    }
+                    power_off(node);
                     if node.ready {
                         register(&node_api, &node.name, id, zone, false).await?;
                         node.ready = false;
@@ -140,16 +178,43 @@ async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig,
             }
             InstanceStateName::ShuttingDown | InstanceStateName::Terminated => {
                 if let Some(mut node) = nodes.remove(id) {
-                    if let Some(mut w) = node.worker.take() {
-                        w.kill();
-                    }
+                    power_off(&mut node);
                     let _ = node_api.delete(&node.name, &DeleteParams::default()).await;
                 }
             }
             _ => {}
         }
     }
-    report_pods(client, nodes).await
+    report_pods(client, cfg, nodes).await
+}
+
+/// Every process of the node ends at once: worker, supervisor, commands.
+fn power_off(node: &mut SimNode) {
+    if let Some(mut w) = node.worker.take() {
+        w.kill();
+    }
+    if let Some(mut s) = node.supervisor.take() {
+        s.kill();
+    }
+    kill_marked(&format!("HANGAR_SIM_NODE={}", node.name));
+}
+
+/// SIGKILL to every process whose environment holds `marker` (inherited by
+/// all descendants, whatever process group they made).
+fn kill_marked(marker: &str) {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(env) = std::fs::read(p.path().join("environ")) else { continue };
+        if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
+            // SAFETY: signalling a process of this simulated node.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn write_pid(cfg: &SimConfig, node: &str, which: &str, pid: u32) {
+    let _ = std::fs::write(cfg.nodes_dir.join(node).join(format!("{which}.pid")), pid.to_string());
 }
 
 /// Creates the Node if needed and sets its Ready condition.
@@ -216,19 +281,63 @@ async fn attached_volume(ec2: &aws_sdk_ec2::Client, instance_id: &str) -> Result
 fn start_worker(cfg: &SimConfig, node: &str, volume_id: &str) -> crate::Result<ChildProcess> {
     let dir = cfg.volumes_dir.join(volume_id);
     std::fs::create_dir_all(&dir).map_err(crate::error::io("volume dir"))?;
+    let node_dir = cfg.nodes_dir.join(node);
+    std::fs::create_dir_all(node_dir.join("run")).map_err(crate::error::io("node dir"))?;
     let mut cmd = std::process::Command::new(&cfg.worker_bin);
     cmd.env("NODE_NAME", node)
+        .env("HANGAR_SIM_NODE", node)
+        .env("HANGAR_SPOOL_DIR", node_dir.join("spool"))
+        .env("HANGAR_SUPERVISOR_SOCKET", node_dir.join("run/supervisor.sock"))
+        .env("HANGAR_OUTPUT_STORE", &cfg.output_dir)
         .env("KUBECONFIG", &cfg.kubeconfig)
         .env("HANGAR_SYSTEM_NAMESPACE", &cfg.system_namespace)
         .env("HANGAR_WORKSPACE_DIR", &dir)
         .env("HANGAR_HEARTBEAT_MS", cfg.heartbeat_ms.to_string())
         .env("RUST_LOG", "info");
     tracing::info!(%node, %volume_id, "node simulator: starting worker");
-    ChildProcess::spawn(&format!("worker {node}"), cmd, &cfg.log_dir.join(format!("worker-{node}.log")))
+    let child = ChildProcess::spawn(&format!("worker {node}"), cmd, &cfg.log_dir.join(format!("worker-{node}.log")))?;
+    write_pid(cfg, node, "worker", child.id());
+    Ok(child)
+}
+
+/// Starts the agent container's entrypoint as the kubelet would, with the
+/// Pod's arguments, the socket and workspace mapped to the node's dirs.
+fn start_supervisor(cfg: &SimConfig, node: &str, volume_id: &str, pod: &Pod) -> crate::Result<ChildProcess> {
+    let args = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .find(|c| c.name == "agent")
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default();
+    let socket = cfg.nodes_dir.join(node).join("run/supervisor.sock");
+    let mut mapped = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if a == "--socket" {
+            it.next();
+            mapped.extend(["--socket".to_owned(), socket.display().to_string()]);
+        } else if a == "--" {
+            mapped.extend(["--workdir".to_owned(), cfg.volumes_dir.join(volume_id).display().to_string(), a]);
+            mapped.extend(it.by_ref());
+        } else {
+            mapped.push(a);
+        }
+    }
+    if !mapped.iter().any(|a| a == "--workdir") {
+        mapped.extend(["--workdir".to_owned(), cfg.volumes_dir.join(volume_id).display().to_string()]);
+    }
+    let mut cmd = std::process::Command::new(&cfg.supervisor_bin);
+    cmd.args(&mapped).env("HANGAR_SIM_NODE", node).env("HANGAR_SIM_CONTAINER", node);
+    tracing::info!(%node, "node simulator: starting the agent container's supervisor");
+    let child =
+        ChildProcess::spawn(&format!("supervisor {node}"), cmd, &cfg.log_dir.join(format!("supervisor-{node}.log")))?;
+    write_pid(cfg, node, "supervisor", child.id());
+    Ok(child)
 }
 
 /// Plays the kubelet for agent Pods on running simulated nodes.
-async fn report_pods(client: &kube::Client, nodes: &HashMap<String, SimNode>) -> TickResult {
+async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap<String, SimNode>) -> TickResult {
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods.list(&ListParams::default().labels("app.kubernetes.io/managed-by=hangar")).await?;
     for pod in list.items {
@@ -245,6 +354,19 @@ async fn report_pods(client: &kube::Client, nodes: &HashMap<String, SimNode>) ->
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             }
             continue;
+        }
+        // The container runs while its node runs; one that died restarts.
+        if let Some(n) = nodes.values_mut().find(|n| n.name == node) {
+            if n.supervisor.as_mut().is_some_and(|s| s.check_alive().is_err()) {
+                // PID 1 of the container died: the container's processes go.
+                kill_marked(&format!("HANGAR_SIM_CONTAINER={node}"));
+                n.supervisor = None;
+            }
+            if n.supervisor.is_none() {
+                if let Some(volume) = n.volume.clone() {
+                    n.supervisor = Some(start_supervisor(cfg, &node, &volume, &pod)?);
+                }
+            }
         }
         if phase.as_deref() == Some("Running") {
             continue;

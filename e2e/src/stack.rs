@@ -42,11 +42,19 @@ impl LocalStack {
             worker_bin: workspace_binary("hangar-worker"),
             volumes_dir: cp.dir().join("volumes"),
             log_dir: cp.dir().to_path_buf(),
+            nodes_dir: cp.dir().join("nodes"),
+            output_dir: cp.dir().join("output"),
+            supervisor_bin: workspace_binary("hangar-supervisor"),
             system_namespace: SYSTEM_NAMESPACE.into(),
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
         Ok(Self { sim, operator: Mutex::new(operator), moto, cp })
+    }
+
+    /// The output store the simulated workers write to.
+    pub fn output_store(&self) -> hangar_output::OutputStore {
+        hangar_output::OutputStore::local(&self.cp.dir().join("output")).expect("output store")
     }
 
     pub fn operator(&self) -> MutexGuard<'_, OperatorProcess> {

@@ -26,6 +26,9 @@ pub struct Context {
     pub metrics: Metrics,
     /// Consecutive failed reconciles per `namespace/name`, for backoff.
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    pub numbering: crate::commands::NumberingState,
+    /// (session, attempt) whose output key is sealed: no need to look again.
+    pub sealed_output_keys: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
 }
 
 impl Context {
@@ -35,6 +38,14 @@ impl Context {
         let n = f.entry(key.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
         std::time::Duration::from_secs(1u64 << (*n - 1).min(6)).min(std::time::Duration::from_secs(60))
+    }
+
+    pub fn is_sealed(&self, session_id: &str, attempt: i64) -> bool {
+        self.sealed_output_keys.lock().unwrap_or_else(|p| p.into_inner()).contains(&(session_id.to_owned(), attempt))
+    }
+
+    pub fn mark_sealed(&self, session_id: &str, attempt: i64) {
+        self.sealed_output_keys.lock().unwrap_or_else(|p| p.into_inner()).insert((session_id.to_owned(), attempt));
     }
 
     pub fn succeeded(&self, key: &str) {

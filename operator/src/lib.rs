@@ -4,10 +4,13 @@
 //! - `ec2/`: the node provider (launch, stop, start, terminate, volumes,
 //!   the batched instance watcher, the orphan sweep, user data)
 //! - `node/`: node labels and taint, the agent Pod
+//! - `commands/`: the Command controller (numbering, cancel of queued ones)
 //! - `keys`: session keys sealed under the organisation key
+//! - `output_keys`: sealing the output keys workers hand in
 //! - `leader`: leader election by Lease
 //! - `serve`: health and metrics endpoint
 
+pub mod commands;
 pub mod context;
 pub mod ec2;
 pub mod error;
@@ -16,5 +19,6 @@ pub mod keys;
 pub mod leader;
 pub mod lifecycle;
 pub mod node;
+pub mod output_keys;
 pub mod serve;
 pub mod settings;

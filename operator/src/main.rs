@@ -91,11 +91,18 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         recorder,
         metrics: Metrics::default(),
         failures: Default::default(),
+        numbering: Default::default(),
+        sealed_output_keys: Default::default(),
     });
     let _ = ready.set(ctx.clone());
     tokio::spawn(sweep_loop(ec2, client, Duration::from_secs(settings.orphan_sweep_seconds)));
 
-    let controller = lifecycle::run(ctx, node_writer, lease_writer, changes_rx);
+    let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
+    let sessions = lifecycle::run(ctx, node_writer, lease_writer, changes_rx);
+    let controller = async move {
+        sessions.await;
+        commands.abort();
+    };
     match election {
         Some(e) => {
             tokio::select! {

@@ -15,6 +15,6 @@ pub mod seal;
 pub mod store;
 pub mod writer;
 
-pub use seal::{AttemptKey, SealError};
+pub use seal::{AttemptKey, OrgKey, SealError, random_bytes};
 pub use store::{Chunk, OutputStore, ReadError, Stream};
 pub use writer::{OutputWriter, WriteError};

@@ -1,8 +1,14 @@
-//! Sealing a chunk: AES-256-GCM under the attempt's key. The nonce is
-//! (command number ‖ offset): unique for every chunk under one key, since an
-//! offset is written once per command and a key belongs to one attempt.
+//! AES-256-GCM, twice:
+//! - `AttemptKey` seals output chunks. The nonce is (command number ‖
+//!   offset): unique for every chunk under one key, since an offset is
+//!   written once per command and a key belongs to one attempt; and a chunk
+//!   sealed twice is byte-identical, so re-sends are idempotent.
+//! - `OrgKey` (the organisation key) seals other keys: session workspace
+//!   keys and attempt output keys, with a random nonce stored in front and
+//!   the owner (session, attempt) as associated data. It lives here because
+//!   every reader of output needs it to open the attempt keys.
 
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -11,7 +17,7 @@ pub enum SealError {
     KeyLength(usize),
     #[error("the system random source failed")]
     Random,
-    #[error("chunk does not open with this key (tampered, or another attempt's)")]
+    #[error("does not open with this key (tampered, or sealed for another owner or under another key)")]
     Open,
 }
 
@@ -20,16 +26,25 @@ pub struct AttemptKey {
     key: LessSafeKey,
 }
 
+fn aes_key(bytes: &[u8]) -> Result<LessSafeKey, SealError> {
+    let unbound = UnboundKey::new(&AES_256_GCM, bytes).map_err(|_| SealError::KeyLength(bytes.len()))?;
+    Ok(LessSafeKey::new(unbound))
+}
+
+/// `N` random bytes from the system source.
+pub fn random_bytes<const N: usize>() -> Result<[u8; N], SealError> {
+    let mut b = [0u8; N];
+    SystemRandom::new().fill(&mut b).map_err(|_| SealError::Random)?;
+    Ok(b)
+}
+
 impl AttemptKey {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, SealError> {
-        let unbound = UnboundKey::new(&AES_256_GCM, bytes).map_err(|_| SealError::KeyLength(bytes.len()))?;
-        Ok(Self { key: LessSafeKey::new(unbound) })
+        Ok(Self { key: aes_key(bytes)? })
     }
 
     pub fn generate() -> Result<[u8; 32], SealError> {
-        let mut b = [0u8; 32];
-        SystemRandom::new().fill(&mut b).map_err(|_| SealError::Random)?;
-        Ok(b)
+        random_bytes()
     }
 
     fn nonce(command: u32, offset: u64) -> Nonce {
@@ -58,6 +73,45 @@ impl AttemptKey {
     }
 }
 
+/// The organisation key, which seals other keys.
+pub struct OrgKey {
+    key: LessSafeKey,
+}
+
+impl OrgKey {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, SealError> {
+        Ok(Self { key: aes_key(bytes)? })
+    }
+
+    pub fn generate_bytes() -> Result<[u8; 32], SealError> {
+        random_bytes()
+    }
+
+    /// nonce ‖ ciphertext ‖ tag, bound to `context` (whose key it is) so a
+    /// sealed key cannot be moved to another owner.
+    pub fn seal(&self, plaintext: &[u8], context: &str) -> Result<Vec<u8>, SealError> {
+        let nonce: [u8; NONCE_LEN] = random_bytes()?;
+        let mut buf = plaintext.to_vec();
+        self.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(context.as_bytes()), &mut buf)
+            .map_err(|_| SealError::Random)?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&buf);
+        Ok(out)
+    }
+
+    pub fn unseal(&self, sealed: &[u8], context: &str) -> Result<Vec<u8>, SealError> {
+        if sealed.len() < NONCE_LEN {
+            return Err(SealError::Open);
+        }
+        let (nonce, body) = sealed.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| SealError::Open)?;
+        let mut buf = body.to_vec();
+        let plain = self.key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buf).map_err(|_| SealError::Open)?;
+        Ok(plain.to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +127,18 @@ mod tests {
         assert_eq!(key.open(1, 0, b"s/1/stderr", &a), Err(SealError::Open), "relabelled stream");
         let other = AttemptKey::from_bytes(&AttemptKey::generate().unwrap()).unwrap();
         assert_eq!(other.open(1, 0, b"s/1/stdout", &a), Err(SealError::Open));
+    }
+
+    #[test]
+    fn sealed_keys_open_only_with_the_org_key_and_their_owner() {
+        let org = OrgKey::from_bytes(&OrgKey::generate_bytes().unwrap()).unwrap();
+        let key: [u8; 64] = random_bytes().unwrap();
+        let sealed = org.seal(&key, "session-a").unwrap();
+        assert!(!sealed.windows(16).any(|w| key.windows(16).any(|k| k == w)), "plaintext must not appear");
+        assert_eq!(org.unseal(&sealed, "session-a").unwrap(), key);
+        assert_eq!(org.unseal(&sealed, "session-b"), Err(SealError::Open));
+        let other = OrgKey::from_bytes(&OrgKey::generate_bytes().unwrap()).unwrap();
+        assert_eq!(other.unseal(&sealed, "session-a"), Err(SealError::Open));
+        assert!(matches!(OrgKey::from_bytes(&[0; 16]), Err(SealError::KeyLength(16))));
     }
 }

@@ -1,9 +1,11 @@
 //! hangar-worker: one per session node. Finds its session from the node's
 //! labels, opens the workspace, heartbeats the session's Lease (which
-//! attempt it serves), and at a pause closes the workspace and reports it
-//! on the Lease so the operator can stop the instance.
+//! attempt it serves), runs the session's Commands through the supervisor
+//! (`commands`), and at a pause, once every running command has ended,
+//! closes the workspace and reports it on the Lease so the operator can
+//! stop the instance.
 
-mod workspace;
+use hangar_worker::{commands, workspace};
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -19,6 +21,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tokio::sync::watch;
 
 const SESSION_LABEL: &str = "hangar.dev/session";
 const SESSION_NAMESPACE_LABEL: &str = "hangar.dev/session-namespace";
@@ -33,6 +36,8 @@ enum Error {
     Env(&'static str),
     #[error("the watch of node {0} ended before the operator labelled it")]
     NodeWatchEnded(String),
+    #[error("output store: {0}")]
+    Store(#[from] object_store::Error),
 }
 
 struct Config {
@@ -40,6 +45,12 @@ struct Config {
     system_namespace: String,
     workspace: std::path::PathBuf,
     renew: Duration,
+    /// Node-local disk for the output spool, attempt keys and journal.
+    spool: std::path::PathBuf,
+    socket: std::path::PathBuf,
+    output_store: String,
+    output_region: String,
+    output_endpoint: Option<String>,
 }
 
 impl Config {
@@ -57,6 +68,13 @@ impl Config {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(heartbeat::RENEW_SECONDS * 1000),
             ),
+            spool: std::env::var("HANGAR_SPOOL_DIR").unwrap_or_else(|_| "/var/lib/hangar/spool".into()).into(),
+            socket: std::env::var("HANGAR_SUPERVISOR_SOCKET")
+                .unwrap_or_else(|_| "/var/run/hangar/supervisor.sock".into())
+                .into(),
+            output_store: std::env::var("HANGAR_OUTPUT_STORE").unwrap_or_else(|_| "/var/lib/hangar/output".into()),
+            output_region: std::env::var("HANGAR_OUTPUT_S3_REGION").unwrap_or_else(|_| "us-east-1".into()),
+            output_endpoint: std::env::var("HANGAR_OUTPUT_S3_ENDPOINT").ok(),
         })
     }
 }
@@ -106,12 +124,20 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.system_namespace);
     let ws = workspace::Workspace::open(&config.workspace)?;
+    let store = hangar_output::OutputStore::from_url(
+        &config.output_store,
+        &config.output_region,
+        config.output_endpoint.as_deref(),
+    )?;
 
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut updates = watcher(sandboxes, cfg).default_backoff().applied_objects().boxed();
     let mut tick = tokio::time::interval(config.renew);
     let mut latest: Option<Sandbox> = None;
     let mut closed: Option<(i64, Timestamp)> = None;
+    let (state_tx, state_rx) = watch::channel(commands::SessionState::default());
+    let (drained_tx, mut drained_rx) = watch::channel(None);
+    let mut runner_started = false;
     loop {
         tokio::select! {
             next = updates.next() => match next {
@@ -119,17 +145,40 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
                 Some(Err(e)) => { tracing::warn!(error = %e, "sandbox watch"); continue }
                 None => return Ok(()),
             },
+            _ = drained_rx.changed() => {}
             _ = tick.tick() => {}
         }
         let Some(sandbox) = latest.as_ref() else { continue };
         let Some(session_id) = sandbox.uid() else { continue };
         let status = sandbox.status.clone().unwrap_or_default();
         let attempt = status.attempt.unwrap_or(1);
+        state_tx.send_if_modified(|s| {
+            let next = commands::SessionState { phase: status.phase, attempt };
+            let changed = *s != next;
+            *s = next;
+            changed
+        });
+        if !runner_started {
+            let rc = commands::RunnerConfig {
+                namespace: ns.clone(),
+                sandbox: name.clone(),
+                session_id: session_id.clone(),
+                system_namespace: config.system_namespace.clone(),
+                spool_root: config.spool.clone(),
+                store: store.clone(),
+                socket: config.socket.clone(),
+            };
+            let (runner, incoming) = commands::Runner::new(client.clone(), rc, drained_tx.clone());
+            tokio::spawn(runner.run(incoming, state_rx.clone()));
+            runner_started = true;
+        }
         if matches!(status.phase, Some(Phase::Ended | Phase::Failed | Phase::Stopping | Phase::ResetIncomplete)) {
             continue;
         }
-        // A pause: close the workspace once, then report it.
-        if status.phase == Some(Phase::Pausing) && closed.map(|c| c.0) != Some(attempt) {
+        // A pause: once every running command has ended (killed_at_pause)
+        // and its output is stored, close the workspace once and report it.
+        let drained = *drained_rx.borrow_and_update() == Some(attempt);
+        if status.phase == Some(Phase::Pausing) && drained && closed.map(|c| c.0) != Some(attempt) {
             ws.close()?;
             closed = Some((attempt, Timestamp::now()));
             tracing::info!(attempt, "workspace closed for the pause");

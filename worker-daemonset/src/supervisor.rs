@@ -160,6 +160,9 @@ fn handle(msg: ToSupervisor, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &
             if !outbox.state.lock().expect("outbox").known.insert(id) {
                 return;
             }
+            // Registered before the task starts, so a KillAll or Cancel that
+            // arrives right behind the Run still reaches this command.
+            running.lock().expect("running").insert(id, (0, None));
             tokio::spawn(run_command(id, argv, env, cwd, timeout_seconds, cfg.clone(), outbox.clone(), running.clone()));
         }
         ToSupervisor::Cancel { id } => end(running, Some(id), EndedBy::Cancel, cfg.grace),
@@ -176,9 +179,17 @@ fn end(running: &Running, id: Option<u32>, why: EndedBy, grace: Duration) {
     for (cid, (pgid, ended)) in map.iter_mut() {
         if id.is_none_or(|i| i == *cid) && ended.is_none() {
             *ended = Some(why);
-            groups.push(*pgid);
+            // Group 0: not spawned yet; it sees the flag and never starts.
+            if *pgid != 0 {
+                groups.push(*pgid);
+            }
         }
     }
+    drop(map);
+    signal_groups(groups, grace);
+}
+
+fn signal_groups(groups: Vec<i32>, grace: Duration) {
     for pgid in groups {
         // SAFETY: signalling a process group we created.
         unsafe { libc::kill(-pgid, libc::SIGTERM) };
@@ -210,19 +221,35 @@ async fn run_command(
     running: Running,
 ) {
     let dir = cwd.map(PathBuf::from).unwrap_or_else(|| cfg.default_cwd.clone());
+    let ended_before_start = running.lock().expect("running").get(&id).and_then(|(_, e)| *e);
+    if let Some(ended_by) = ended_before_start {
+        running.lock().expect("running").remove(&id);
+        outbox.send(FromSupervisor::Exited { id, exit_code: None, signal: None, ended_by });
+        return;
+    }
     if argv.is_empty() {
+        running.lock().expect("running").remove(&id);
         outbox.send(FromSupervisor::Failed { id, message: "empty argv".into() });
         return;
     }
     let mut child = match command(&argv, &env, &dir).spawn() {
         Ok(c) => c,
         Err(e) => {
+            running.lock().expect("running").remove(&id);
             outbox.send(FromSupervisor::Failed { id, message: format!("{}: {e}", argv[0]) });
             return;
         }
     };
     let pid = child.id().unwrap_or(0);
-    running.lock().expect("running").insert(id, (pid as i32, None));
+    let ended_meanwhile = {
+        let mut map = running.lock().expect("running");
+        let entry = map.entry(id).or_insert((0, None));
+        entry.0 = pid as i32;
+        entry.1.is_some()
+    };
+    if ended_meanwhile {
+        signal_groups(vec![pid as i32], cfg.grace);
+    }
     outbox.send(FromSupervisor::Started { id, pid });
     let offset = Arc::new(Mutex::new(0u64));
     let out = tokio::spawn(pump(id, OutputStream::Stdout, child.stdout.take().expect("piped"), outbox.clone(), offset.clone()));

@@ -122,9 +122,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// For backoff jitter; a failed random source only removes the jitter.
 pub(crate) fn random_u64() -> u64 {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 8];
-    let _ = ring::rand::SystemRandom::new().fill(&mut b);
-    u64::from_le_bytes(b)
+    u64::from_le_bytes(hangar_output::random_bytes().unwrap_or_default())
 }

@@ -285,23 +285,18 @@ async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status:
     Ok(())
 }
 
+/// Reset step: every command not yet finished (queued, or still running on
+/// an instance being terminated) ends `cancelled`; a queued one never runs.
+/// Compare-and-swap, so a final status the worker wrote first stands.
 async fn cancel_queued_commands(ctx: &Context, s: &Session<'_>) -> Result<()> {
     let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), s.namespace);
-    for c in commands.list(&ListParams::default()).await?.items {
-        if c.spec.sandbox != s.name {
+    let list = commands.list(&ListParams::default().fields(&format!("spec.sandbox={}", s.name))).await?;
+    for c in list.items {
+        if c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final) {
             continue;
         }
-        if !matches!(c.status.as_ref().and_then(|st| st.phase), None | Some(CommandPhase::Queued)) {
-            continue;
-        }
-        let name = c.metadata.name.clone().unwrap_or_default();
-        let patch = json!({
-            "apiVersion": "hangar.dev/v1alpha1", "kind": "Command",
-            "status": {"phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now())},
-        });
-        commands
-            .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
-            .await?;
+        let status = json!({"phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now())});
+        crate::commands::cas(&commands, &c, status).await?;
     }
     Ok(())
 }

@@ -153,6 +153,13 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     if failure.is_some() && matches!(status.phase, Some(Phase::Stopping)) {
         status.phase = Some(Phase::ResetIncomplete);
     }
+    if let Some(attempt) = status.attempt {
+        // Best effort here; the next reconcile (heartbeats bring one every
+        // few seconds) tries again.
+        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, attempt).await {
+            warn!(error = %e, "could not seal an output key yet");
+        }
+    }
     track_prerequisites(&ctx, (&ns, &name, &session_id), &current, &status, &obs.observed);
     status.observed_generation = sandbox.metadata.generation;
     status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);

@@ -139,17 +139,16 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         _ => true,
     };
 
-    let queued_commands = if matches!(phase, Phase::Stopping | Phase::ResetIncomplete)
+    let unfinished_commands = if matches!(phase, Phase::Stopping | Phase::ResetIncomplete)
         || matches!(desired(sandbox), Desired::End(_))
     {
         let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
         commands
-            .list(&ListParams::default())
+            .list(&ListParams::default().fields(&format!("spec.sandbox={name}")))
             .await?
             .items
             .iter()
-            .filter(|c| c.spec.sandbox == name)
-            .filter(|c| matches!(c.status.as_ref().and_then(|s| s.phase), None | Some(CommandPhase::Queued)))
+            .filter(|c| !c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final))
             .count()
     } else {
         0
@@ -167,7 +166,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             worker,
             agent,
             key_present,
-            queued_commands,
+            unfinished_commands,
             pause_grace: ctx.settings.pause_grace(),
         },
         instance,

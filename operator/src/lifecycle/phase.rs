@@ -63,7 +63,7 @@ pub struct Observed {
     pub worker: Option<WorkerReport>,
     pub agent: AgentState,
     pub key_present: bool,
-    pub queued_commands: usize,
+    pub unfinished_commands: usize,
     pub pause_grace: Duration,
 }
 
@@ -370,7 +370,7 @@ fn stopping(p: &mut Plan, obs: &Observed) {
             return;
         }
         let (done, action) = match step {
-            "cancel_queued_commands" => (obs.queued_commands == 0, Action::CancelQueuedCommands),
+            "cancel_queued_commands" => (obs.unfinished_commands == 0, Action::CancelQueuedCommands),
             "terminate_instance" => (instance_gone, Action::TerminateInstance),
             "delete_volume" => (obs.volume == VolumeState::Absent, Action::DeleteVolume),
             _ => (!obs.key_present, Action::DestroyKey),
@@ -415,7 +415,7 @@ mod tests {
             worker: None,
             agent: AgentState::Absent,
             key_present: true,
-            queued_commands: 0,
+            unfinished_commands: 0,
             pause_grace: Duration::from_secs(90),
         }
     }
@@ -575,12 +575,12 @@ mod tests {
     #[test]
     fn reset_runs_its_steps_in_order_each_confirmed_by_observation() {
         let s = SandboxStatus { attempt: Some(1), instance_id: Some("i-1".into()), ..status(Phase::Running) };
-        let mut o = Observed { desired: Desired::End("cancelled".into()), queued_commands: 2, ..ready(0, 1) };
+        let mut o = Observed { desired: Desired::End("cancelled".into()), unfinished_commands: 2, ..ready(0, 1) };
         let p = plan(&s, &o);
         assert_eq!(p.status.phase, Some(Phase::Stopping));
         assert_eq!(p.actions, vec![Action::CancelQueuedCommands]);
 
-        o.queued_commands = 0;
+        o.unfinished_commands = 0;
         let p = plan(&p.status, &o);
         assert_eq!(p.actions, vec![Action::TerminateInstance]);
         assert_eq!(p.status.reset.len(), 1);

@@ -1,0 +1,65 @@
+//! Output keys: the worker of each attempt makes the key that attempt's
+//! command output is sealed under and hands it in as a Secret it cannot
+//! read back. Here the operator seals each hand-off under the organisation
+//! key into the session's output-key Secret (one entry per attempt) and
+//! deletes the hand-off, so no raw output key stays in the cluster.
+
+use std::collections::BTreeMap;
+
+use hangar_crds::output_keys::{self, HANDOFF_KEY, SESSION_ID_LABEL};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::Result;
+
+/// Seals every hand-off of attempts `1..=attempt` not sealed yet.
+pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Result<()> {
+    let pending: Vec<i64> = (1..=attempt).filter(|a| !ctx.is_sealed(session_id, *a)).collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    let sealed_name = output_keys::sealed_secret_name(session_id);
+    let sealed = secrets.get_opt(&sealed_name).await?;
+    let has = |a: i64| {
+        sealed.as_ref().and_then(|s| s.data.as_ref()).is_some_and(|d| d.contains_key(&output_keys::sealed_entry(a)))
+    };
+    let mut exists = sealed.is_some();
+    for a in pending {
+        let handoff_name = output_keys::handoff_secret_name(session_id, a);
+        if !has(a) {
+            let Some(handoff) = secrets.get_opt(&handoff_name).await? else { continue };
+            let Some(key) = handoff.data.as_ref().and_then(|d| d.get(HANDOFF_KEY)) else { continue };
+            let entry = ctx.org_key.seal(&key.0, &output_keys::seal_context(session_id, a))?;
+            let data = BTreeMap::from([(output_keys::sealed_entry(a), ByteString(entry))]);
+            if exists {
+                let patch = json!({"data": data});
+                secrets.patch(&sealed_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            } else {
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(sealed_name.clone()),
+                        labels: Some(BTreeMap::from([(SESSION_ID_LABEL.to_owned(), session_id.to_owned())])),
+                        ..Default::default()
+                    },
+                    data: Some(data),
+                    type_: Some("Opaque".into()),
+                    ..Default::default()
+                };
+                secrets.create(&PostParams::default(), &secret).await?;
+                exists = true;
+            }
+            tracing::info!(attempt = a, "sealed the attempt's output key under the organisation key");
+        }
+        match secrets.delete(&handoff_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        ctx.mark_sealed(session_id, a);
+    }
+    Ok(())
+}
