@@ -95,6 +95,17 @@ pub struct IdlePolicy {
     pub action: IdleAction,
 }
 
+impl Sandbox {
+    /// Ended, or on its way there: asked to end (state Ended, or deleted),
+    /// or in a phase of the reset or after it. Nothing new starts in it.
+    pub fn has_ended(&self) -> bool {
+        let phase = self.status.as_ref().and_then(|s| s.phase);
+        self.spec.state == DesiredState::Ended
+            || self.metadata.deletion_timestamp.is_some()
+            || matches!(phase, Some(Phase::Stopping | Phase::Ended | Phase::Failed | Phase::ResetIncomplete))
+    }
+}
+
 impl SandboxSpec {
     /// The idle settings in force. The defaults (900 s, `end`) depend on the
     /// mode, which an OpenAPI default cannot express, so they are applied

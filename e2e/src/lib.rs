@@ -19,6 +19,7 @@ pub mod pki;
 pub mod process;
 pub mod sessions;
 pub mod stack;
+pub mod webhook;
 
 use std::sync::OnceLock;
 

@@ -1,5 +1,5 @@
-//! The whole local stack: control plane, moto, the operator process and the
-//! node simulator running real workers.
+//! The whole local stack: control plane, moto, the admission webhook, the
+//! operator process and the node simulator running real workers.
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -8,12 +8,14 @@ use crate::error::Result;
 use crate::moto::Moto;
 use crate::node_sim::{NodeSimulator, SimConfig};
 use crate::operator::{CLUSTER_NAME, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
+use crate::webhook::WebhookProcess;
 
 pub struct LocalStack {
     // Drop order: simulator (workers) and operator before moto and the
     // control plane they talk to.
     pub sim: NodeSimulator,
     operator: Mutex<OperatorProcess>,
+    pub webhook: WebhookProcess,
     pub moto: Moto,
     pub cp: ControlPlane,
 }
@@ -34,6 +36,8 @@ impl LocalStack {
         if !status.status.success() && !String::from_utf8_lossy(&status.stderr).contains("AlreadyExists") {
             tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
         }
+        let webhook = WebhookProcess::start(&cp)?;
+        webhook.register(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let operator = OperatorProcess::start(&cp, &moto.endpoint(), &env)?;
         let sim = NodeSimulator::start(SimConfig {
@@ -49,7 +53,7 @@ impl LocalStack {
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
-        Ok(Self { sim, operator: Mutex::new(operator), moto, cp })
+        Ok(Self { sim, operator: Mutex::new(operator), webhook, moto, cp })
     }
 
     /// The output store the simulated workers write to.

@@ -274,3 +274,72 @@ async fn a_command_running_when_its_container_died_ends_outcome_unknown_and_neve
     wait_command_phase(stack, &api, "after", CommandPhase::Exited).await;
     assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n", "ran once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_for_a_missing_or_ended_session_is_refused_and_nothing_is_created() {
+    let stack = shared_stack();
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, "cmd-refused").await;
+    let api: Api<Command> = Api::namespaced(client.clone(), "cmd-refused");
+    let err = api.create(&PostParams::default(), &sh("orphan", "nope", "true")).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(e) if e.code == 404 && e.message.contains("sandbox_not_found: no Sandbox nope")), "{err}");
+    assert!(api.get_opt("orphan").await.unwrap().is_none());
+
+    let boxes: Api<Sandbox> = Api::namespaced(client, "cmd-refused");
+    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
+    set_state(&boxes, "Ended").await;
+    let err = api.create(&PostParams::default(), &sh("late", "box", "true")).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(e) if e.code == 409 && e.message.contains("sandbox_ended:")), "{err}");
+    assert!(api.get_opt("late").await.unwrap().is_none());
+}
+
+/// Creates `names` at once and waits until each has a number.
+async fn create_all(stack: &LocalStack, api: &Api<Command>, commands: Vec<Command>) {
+    let names: Vec<String> = commands.iter().map(|c| c.name_any()).collect();
+    futures::future::join_all(commands.iter().map(|c| cmds::create(api, c))).await;
+    for n in names {
+        wait_command(stack, api, &n, "final", |c| cphase(c).is_some_and(CommandPhase::is_final)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_65th_unfinished_and_the_248th_command_are_refused() {
+    let stack = shared_stack();
+    let (_, api, s) = session(stack, "cmd-admission").await;
+    let workspace = stack.sim.volume_dir(s.status.as_ref().unwrap().volume_id.as_ref().unwrap());
+    let limit = |e: kube::Error, text: &str| {
+        assert!(matches!(&e, kube::Error::Api(a) if a.code == 409 && a.message.contains(&format!("sandbox_command_limit: {text}"))), "{e}");
+    };
+
+    // 64 unfinished (16 running, 48 queued): the 65th is refused.
+    let gated_64: Vec<Command> = (1..=64).map(|i| gated(&format!("u{i:02}"))).collect();
+    futures::future::join_all(gated_64.iter().map(|c| cmds::create(&api, c))).await;
+    let err = api.create(&PostParams::default(), &sh("u65", "box", "true")).await.unwrap_err();
+    limit(err, "at most 64 commands of a session may be unfinished");
+    assert!(api.get_opt("u65").await.unwrap().is_none());
+    std::fs::write(workspace.join("gate"), b"").unwrap();
+    for i in 1..=64 {
+        wait_command_phase(stack, &api, &format!("u{i:02}"), CommandPhase::Exited).await;
+    }
+
+    // Up to 247 in all, sent 61 at a time (cancelled at once, so they end
+    // without running): every number 1..247 given exactly once.
+    let mut next = 65;
+    while next <= 247 {
+        let batch: Vec<Command> = (next..=(next + 60).min(247))
+            .map(|i| {
+                let mut c = sh(&format!("k{i:03}"), "box", "true");
+                c.spec.cancel = true;
+                c
+            })
+            .collect();
+        next += batch.len();
+        create_all(stack, &api, batch).await;
+    }
+    let err = api.create(&PostParams::default(), &sh("k248", "box", "true")).await.unwrap_err();
+    limit(err, "a session takes at most 247 commands");
+    let list = api.list(&Default::default()).await.unwrap().items;
+    let numbers: BTreeSet<u32> = list.iter().map(number).collect();
+    assert_eq!(list.len(), 247);
+    assert_eq!(numbers, (1..=247).collect(), "no gap, no duplicate");
+}

@@ -205,6 +205,8 @@ fn chart_installs_and_grants_least_privilege() {
     let op = "hangar-operator";
     yes(op, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
     yes(op, &["watch", "commands.hangar.dev", "-n", "team-a"]);
+    yes(op, &["patch", "commands.hangar.dev", "--subresource=status", "-n", "team-a"]);
+    yes(op, &["patch", "secrets", "-n", "hangar-system"]);
     yes(op, &["create", "pods", "-n", "team-a"]);
     yes(op, &["get", "secrets", "-n", "team-a"]);
     yes(op, &["patch", "nodes"]);
@@ -230,4 +232,10 @@ fn chart_installs_and_grants_least_privilege() {
     no(worker, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
     no(worker, &["create", "commands.hangar.dev", "-n", "team-a"]);
     no(worker, &["get", "secrets", "-n", "team-a"]);
+    // It hands in its attempt's output key but can read no Secret back,
+    // not even the organisation key beside it.
+    yes(worker, &["create", "secrets", "-n", "hangar-system"]);
+    no(worker, &["get", "secrets", "-n", "hangar-system"]);
+    no(worker, &["get", "secrets/hangar-org-key", "-n", "hangar-system"]);
+    no(worker, &["list", "secrets", "-n", "hangar-system"]);
 }

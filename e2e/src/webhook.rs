@@ -1,0 +1,75 @@
+//! The admission webhook as a real process on loopback, registered with the
+//! local apiserver by a ValidatingWebhookConfiguration whose
+//! `clientConfig.url` is `https://127.0.0.1:PORT/...` and whose caBundle is
+//! the local CA (the webhook serves the apiserver's own loopback
+//! certificate, which that CA signed).
+
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::json;
+
+use crate::control_plane::ControlPlane;
+use crate::error::Result;
+use crate::operator::workspace_binary;
+use crate::process::{ChildProcess, free_port, port_open, wait_until};
+
+pub const CONFIGURATION: &str = "hangar-webhook";
+
+pub struct WebhookProcess {
+    _process: ChildProcess,
+    pub port: u16,
+}
+
+impl WebhookProcess {
+    pub fn start(cp: &ControlPlane) -> Result<Self> {
+        let port = free_port();
+        let mut cmd = Command::new(workspace_binary("hangar-webhook"));
+        cmd.env("KUBECONFIG", &cp.kubeconfig)
+            .env("HANGAR_WEBHOOK_LISTEN", format!("127.0.0.1:{port}"))
+            .env("HANGAR_WEBHOOK_TLS_CERT", &cp.pki.serving_cert)
+            .env("HANGAR_WEBHOOK_TLS_KEY", &cp.pki.serving_key)
+            .env("RUST_LOG", "info");
+        let mut process = ChildProcess::spawn("hangar-webhook", cmd, &cp.dir().join("webhook.log"))?;
+        wait_until("hangar-webhook listening", &mut process, Duration::from_secs(30), || port_open(port))?;
+        Ok(Self { _process: process, port })
+    }
+
+    /// Registers the webhook for Command creates (`kubectl apply`, so a
+    /// restarted stack simply takes the new port).
+    pub fn register(&self, cp: &ControlPlane) -> Result<()> {
+        let ca = std::fs::read(&cp.pki.ca_cert).map_err(crate::error::io("read CA"))?;
+        let config = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": CONFIGURATION},
+            "webhooks": [{
+                "name": "commands.hangar.dev",
+                "clientConfig": {
+                    "url": format!("https://127.0.0.1:{}/validate/commands", self.port),
+                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca),
+                },
+                "rules": [{
+                    "apiGroups": ["hangar.dev"], "apiVersions": ["v1alpha1"],
+                    "operations": ["CREATE"], "resources": ["commands"],
+                }],
+                "failurePolicy": "Fail",
+                "sideEffects": "NoneOnDryRun",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            }],
+        });
+        let path = cp.dir().join("webhook-configuration.json");
+        std::fs::write(&path, config.to_string()).map_err(crate::error::io("write webhook configuration"))?;
+        let out = cp.kubectl().args(["apply", "-f"]).arg(&path).output().map_err(crate::error::io("kubectl apply"))?;
+        if !out.status.success() {
+            return Err(crate::error::HarnessError::NotReady {
+                what: "the webhook registration".into(),
+                seconds: 0,
+                log_tail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(())
+    }
+}
