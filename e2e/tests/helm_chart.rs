@@ -218,6 +218,13 @@ fn chart_installs_and_grants_least_privilege() {
     no(op, &["create", "leases.coordination.k8s.io", "-n", "team-a"]);
     no(op, &["create", "clusterroles"]);
 
+    let wh = "hangar-webhook";
+    yes(wh, &["patch", "sandboxes.hangar.dev", "-n", "team-a"]);
+    yes(wh, &["list", "commands.hangar.dev", "-n", "team-a"]);
+    no(wh, &["create", "commands.hangar.dev", "-n", "team-a"]);
+    no(wh, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
+    no(wh, &["get", "secrets", "-n", "hangar-system"]);
+
     let gw = "hangar-gateway";
     yes(gw, &["create", "tokenreviews.authentication.k8s.io"]);
     yes(gw, &["create", "subjectaccessreviews.authorization.k8s.io"]);
