@@ -228,6 +228,10 @@ pub struct SandboxStatus {
     pub certificate: Option<Certificate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commands: Option<CommandCounts>,
+    /// When the output keys were destroyed (`outputRetentionDays` after the
+    /// end): from then on output reads answer 410 `sandbox_output_erased`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_erased_at: Option<Time>,
     /// Whether the workspace volume is attached to the instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_attached: Option<bool>,

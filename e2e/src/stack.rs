@@ -1,5 +1,6 @@
 //! The whole local stack: control plane, moto, the admission webhook, the
-//! operator process and the node simulator running real workers.
+//! operator process, the gateway and the node simulator running real
+//! workers.
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -8,6 +9,7 @@ use crate::error::Result;
 use crate::moto::Moto;
 use crate::node_sim::{NodeSimulator, SimConfig};
 use crate::operator::{CLUSTER_NAME, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
+use crate::gateway::{GatewayClient, GatewayProcess};
 use crate::webhook::WebhookProcess;
 
 pub struct LocalStack {
@@ -15,6 +17,7 @@ pub struct LocalStack {
     // control plane they talk to.
     pub sim: NodeSimulator,
     operator: Mutex<OperatorProcess>,
+    pub gateway: GatewayProcess,
     pub webhook: WebhookProcess,
     pub moto: Moto,
     pub cp: ControlPlane,
@@ -40,6 +43,7 @@ impl LocalStack {
         webhook.register(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let operator = OperatorProcess::start(&cp, &moto.endpoint(), &env)?;
+        let gateway = GatewayProcess::start(&cp, &cp.dir().join("output"))?;
         let sim = NodeSimulator::start(SimConfig {
             ec2_endpoint: moto.endpoint(),
             kubeconfig: cp.kubeconfig.clone(),
@@ -53,12 +57,17 @@ impl LocalStack {
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
-        Ok(Self { sim, operator: Mutex::new(operator), webhook, moto, cp })
+        Ok(Self { sim, operator: Mutex::new(operator), gateway, webhook, moto, cp })
     }
 
     /// The output store the simulated workers write to.
     pub fn output_store(&self) -> hangar_output::OutputStore {
         hangar_output::OutputStore::local(&self.cp.dir().join("output")).expect("output store")
+    }
+
+    /// An HTTPS client for the gateway.
+    pub fn gateway_client(&self) -> GatewayClient {
+        GatewayClient::new(&self.cp, self.gateway.port)
     }
 
     pub fn operator(&self) -> MutexGuard<'_, OperatorProcess> {

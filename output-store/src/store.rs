@@ -155,7 +155,7 @@ impl OutputStore {
         session: &str,
         command: u32,
         after: u64,
-        key: &dyn Fn(u32) -> Option<AttemptKey>,
+        key: &(dyn Fn(u32) -> Option<AttemptKey> + Sync),
     ) -> Result<Vec<Chunk>, ReadError> {
         let entries = self.entries(session, command).await?;
         let mut out = Vec::new();

@@ -1,0 +1,105 @@
+//! The gateway as a real process on loopback (HTTPS with the local CA's
+//! loopback certificate), a client for it, and member credentials: a
+//! ServiceAccount token (which the gateway checks by TokenReview) bound to
+//! a Role in one namespace.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::control_plane::ControlPlane;
+use crate::error::Result;
+use crate::operator::{SYSTEM_NAMESPACE, workspace_binary};
+use crate::process::{ChildProcess, free_port, port_open, wait_until};
+
+pub struct GatewayProcess {
+    _process: ChildProcess,
+    pub port: u16,
+}
+
+impl GatewayProcess {
+    pub fn start(cp: &ControlPlane, output_dir: &std::path::Path) -> Result<Self> {
+        let port = free_port();
+        let mut cmd = Command::new(workspace_binary("hangar-gateway"));
+        cmd.env("KUBECONFIG", &cp.kubeconfig)
+            .env("HANGAR_GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("HANGAR_GATEWAY_TLS_CERT", &cp.pki.serving_cert)
+            .env("HANGAR_GATEWAY_TLS_KEY", &cp.pki.serving_key)
+            .env("HANGAR_SYSTEM_NAMESPACE", SYSTEM_NAMESPACE)
+            .env("HANGAR_OUTPUT_STORE", output_dir)
+            .env("RUST_LOG", "info");
+        let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join("gateway.log"))?;
+        // It waits for the operator's organisation key before it listens.
+        wait_until("hangar-gateway listening", &mut process, Duration::from_secs(60), || port_open(port))?;
+        Ok(Self { _process: process, port })
+    }
+}
+
+/// An HTTPS client that trusts only the local CA.
+pub struct GatewayClient {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl GatewayClient {
+    pub fn new(cp: &ControlPlane, port: u16) -> Self {
+        crate::install_crypto_provider();
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(&cp.pki.ca_cert).expect("CA");
+        use rustls::pki_types::pem::PemObject;
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(cert.expect("CA pem")).expect("CA cert");
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let http = reqwest::Client::builder().tls_backend_preconfigured(tls).build().expect("client");
+        Self { http, base: format!("https://127.0.0.1:{port}") }
+    }
+
+    pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("gateway request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
+        self.call("GET", path, Some(token), None, &[]).await
+    }
+}
+
+/// A ServiceAccount in `namespace` allowed `verbs` on sandboxes and
+/// commands there, and a token for it.
+pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str) -> String {
+    let run = |args: &[&str]| {
+        let out = cp.kubectl().args(args).output().expect("kubectl");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() || err.contains("AlreadyExists"), "kubectl {args:?}: {err}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    run(&["create", "serviceaccount", name, "-n", namespace]);
+    if !verbs.is_empty() {
+        let verb_arg = format!("--verb={verbs}");
+        run(&["create", "role", name, "-n", namespace, &verb_arg, "--resource=sandboxes.hangar.dev,commands.hangar.dev"]);
+        let sa = format!("--serviceaccount={namespace}:{name}");
+        run(&["create", "rolebinding", name, "-n", namespace, &format!("--role={name}"), &sa]);
+    }
+    run(&["create", "token", name, "-n", namespace, "--duration=1h"])
+}

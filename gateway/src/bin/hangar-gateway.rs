@@ -1,0 +1,86 @@
+//! hangar-gateway: the HTTPS session API (ARCHITECTURE §5).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use hangar_gateway::auth::Auth;
+use hangar_gateway::index::Index;
+use hangar_gateway::output::OutputReader;
+use hangar_gateway::routes::{self, Gateway};
+use hangar_output::{OrgKey, OutputStore};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+
+#[derive(Parser, Debug)]
+#[command(version, about = "hangar session API gateway")]
+struct Settings {
+    #[arg(long, env = "HANGAR_GATEWAY_LISTEN", default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    #[arg(long, env = "HANGAR_GATEWAY_TLS_CERT", default_value = "/etc/hangar/gateway-tls/tls.crt")]
+    tls_cert: PathBuf,
+    #[arg(long, env = "HANGAR_GATEWAY_TLS_KEY", default_value = "/etc/hangar/gateway-tls/tls.key")]
+    tls_key: PathBuf,
+    /// Where the operator keeps keys (its own namespace).
+    #[arg(long, env = "HANGAR_SYSTEM_NAMESPACE", default_value = "hangar-system")]
+    system_namespace: String,
+    /// Output store: a directory, `file:///dir` or `s3://bucket`.
+    #[arg(long, env = "HANGAR_OUTPUT_STORE", default_value = "/var/lib/hangar/output")]
+    output_store: String,
+    #[arg(long, env = "HANGAR_OUTPUT_S3_REGION", default_value = "us-east-1")]
+    output_s3_region: String,
+    #[arg(long, env = "HANGAR_OUTPUT_S3_ENDPOINT")]
+    output_s3_endpoint: Option<String>,
+    /// How long an output read waits for new bytes.
+    #[arg(long, env = "HANGAR_GATEWAY_LONG_POLL_SECONDS", default_value_t = 25)]
+    long_poll_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match run(Settings::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "hangar-gateway stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    let client = kube::Client::try_default().await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
+    let org = org_key(&secrets).await?;
+    let store = OutputStore::from_url(&settings.output_store, &settings.output_s3_region, settings.output_s3_endpoint.as_deref())?;
+    let index = Index::start(client.clone()).await?;
+    let gw = Arc::new(Gateway {
+        auth: Auth::new(client.clone()),
+        index,
+        output: OutputReader::new(store, secrets, org),
+        long_poll: Duration::from_secs(settings.long_poll_seconds),
+        client,
+    });
+    let config = hangar_webhook::tls::server_config(&settings.tls_cert, &settings.tls_key)?;
+    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+    tracing::info!(addr = %listener.local_addr()?, "gateway serving");
+    hangar_webhook::tls::serve(listener, config, move |req| routes::handle(gw.clone(), req)).await?;
+    Ok(())
+}
+
+/// The organisation key, which the operator creates: wait for it.
+async fn org_key(secrets: &Api<Secret>) -> Result<OrgKey, Box<dyn std::error::Error>> {
+    loop {
+        if let Some(s) = secrets.get_opt("hangar-org-key").await? {
+            let bytes = s.data.and_then(|d| d.get("key").cloned()).ok_or("hangar-org-key has no key")?;
+            return Ok(OrgKey::from_bytes(&bytes.0)?);
+        }
+        tracing::info!("waiting for the operator to create the organisation key");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

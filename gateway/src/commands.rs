@@ -1,0 +1,143 @@
+//! Sending, listing and cancelling commands. A command sent with an
+//! `Idempotency-Key` gets a name derived from (session, key): sending it
+//! again finds the same Command (HTTP 200, the same command), or
+//! `sandbox_command_cancelled` once it was cancelled. A body asking for
+//! standard input, a terminal or a shell is refused with `bad_request`: a
+//! command has no such thing.
+
+use hangar_crds::{Command, CommandPhase, CommandSpec, EnvVar, ErrorCode, Sandbox};
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+
+/// Annotation holding the SHA-256 of the Idempotency-Key (never the key).
+pub const IDEMPOTENCY_ANNOTATION: &str = "hangar.dev/idempotency-key-sha256";
+
+#[derive(Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewCommand {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    #[serde(default)]
+    pub timeout_seconds: Option<i64>,
+}
+
+/// Fields a command never has; asking for one is `bad_request`.
+const INTERACTIVE: [&str; 6] = ["stdin", "tty", "shell", "interactive", "interactiveShell", "pty"];
+
+pub fn parse(body: &[u8]) -> Result<NewCommand, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body is not JSON: {e}")))?;
+    if let Some(field) = INTERACTIVE.iter().find(|f| v.get(**f).is_some()) {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!("a command has no standard input, terminal or interactive shell ({field} is not a field of a command)"),
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
+}
+
+/// The Command name for (session, Idempotency-Key).
+pub fn name_for_key(session_id: &str, key: &str) -> (String, String) {
+    let d = ring::digest::digest(&ring::digest::SHA256, format!("{session_id}\u{0}{key}").as_bytes());
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let key_hex: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    (format!("cmd-{}", &hex[..24]), key_hex)
+}
+
+fn manifest(sandbox: &Sandbox, req: &NewCommand, name: Option<(String, String)>) -> Command {
+    let mut spec = CommandSpec {
+        sandbox: sandbox.name_any(),
+        argv: req.argv.clone(),
+        env: req.env.clone(),
+        working_dir: req.working_dir.clone(),
+        timeout_seconds: hangar_crds::command::DEFAULT_TIMEOUT_SECONDS,
+        cancel: false,
+    };
+    if let Some(t) = req.timeout_seconds {
+        spec.timeout_seconds = t;
+    }
+    let mut meta = ObjectMeta { namespace: sandbox.namespace(), ..Default::default() };
+    match name {
+        Some((name, key_hex)) => {
+            meta.name = Some(name);
+            meta.annotations = Some([(IDEMPOTENCY_ANNOTATION.to_owned(), key_hex)].into());
+        }
+        None => meta.generate_name = Some("cmd-".into()),
+    }
+    Command { metadata: meta, spec, status: None }
+}
+
+/// Whether the new request is the one already stored under its key.
+fn same_request(existing: &Command, req: &NewCommand) -> bool {
+    existing.spec.argv == req.argv
+        && existing.spec.env == req.env
+        && existing.spec.working_dir == req.working_dir
+        && existing.spec.timeout_seconds == req.timeout_seconds.unwrap_or(hangar_crds::command::DEFAULT_TIMEOUT_SECONDS)
+}
+
+/// Creates the command; `Ok((command, replayed))`.
+pub async fn send(api: &Api<Command>, sandbox: &Sandbox, req: &NewCommand, key: Option<&str>) -> Result<(Command, bool), ApiError> {
+    if sandbox.has_ended() {
+        return Err(ApiError::new(ErrorCode::SandboxEnded, "the session has ended; it takes no more commands"));
+    }
+    let session_id = sandbox.uid().unwrap_or_default();
+    let named = key.map(|k| name_for_key(&session_id, k));
+    let wanted_name = named.as_ref().map(|(n, _)| n.clone());
+    match api.create(&PostParams::default(), &manifest(sandbox, req, named)).await {
+        Ok(c) => Ok((c, false)),
+        Err(kube::Error::Api(e)) if e.reason == "AlreadyExists" && wanted_name.is_some() => {
+            let existing = api.get(wanted_name.as_deref().expect("named")).await?;
+            if !same_request(&existing, req) {
+                return Err(ApiError::new(
+                    ErrorCode::SandboxRequestInvalid,
+                    "this Idempotency-Key was used for a different command",
+                ));
+            }
+            let cancelled = existing.spec.cancel
+                || existing.status.as_ref().and_then(|s| s.phase) == Some(CommandPhase::Cancelled);
+            if cancelled {
+                return Err(ApiError::new(ErrorCode::SandboxCommandCancelled, "the command sent with this Idempotency-Key was cancelled"));
+            }
+            Ok((existing, true))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn cancel(api: &Api<Command>, name: &str) -> Result<Command, ApiError> {
+    let patch = json!({"spec": {"cancel": true}});
+    Ok(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interactive_bodies_are_bad_requests_and_unknown_fields_too() {
+        for body in [r#"{"argv":["sh"],"stdin":"ls\n"}"#, r#"{"argv":["bash"],"tty":true}"#, r#"{"argv":["x"],"shell":true}"#, r#"{"argv":["x"],"interactive":true}"#] {
+            let e = parse(body.as_bytes()).unwrap_err();
+            assert_eq!((e.status, e.code), (400, "bad_request"), "{body}");
+        }
+        assert_eq!(parse(br#"{"argv":["x"],"colour":1}"#).unwrap_err().code, "bad_request");
+        assert_eq!(parse(b"not json").unwrap_err().code, "bad_request");
+        let ok = parse(br#"{"argv":["ls","-l"],"env":[{"name":"A","value":"1"}],"workingDir":"/tmp","timeoutSeconds":5}"#).unwrap();
+        assert_eq!(ok.argv, vec!["ls", "-l"]);
+        assert_eq!(ok.timeout_seconds, Some(5));
+    }
+
+    #[test]
+    fn one_key_one_name_per_session() {
+        let (a, _) = name_for_key("s1", "k");
+        assert_eq!(a, name_for_key("s1", "k").0);
+        assert_ne!(a, name_for_key("s2", "k").0);
+        assert_ne!(a, name_for_key("s1", "k2").0);
+        assert!(a.len() <= 63 && a.starts_with("cmd-"));
+    }
+}

@@ -1,0 +1,71 @@
+//! Errors in the contract's shape: `{"error":{"code":"…","message":"…"}}`
+//! with the code's HTTP status.
+
+use hangar_crds::ErrorCode;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { status: code.http_status(), code: code.as_str(), message: message.into() }
+    }
+
+    /// Not a refusal: something on our side failed.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self { status: 500, code: "internal", message: message.into() }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+/// The contract code a refusal message carries (CEL rules and the
+/// admission webhook put it first in their part of the message).
+pub fn code_in(message: &str) -> Option<ErrorCode> {
+    ErrorCode::ALL
+        .iter()
+        .filter_map(|c| message.find(&format!("{}: ", c.as_str())).map(|at| (at, *c)))
+        .min_by_key(|(at, c)| (*at, usize::MAX - c.as_str().len()))
+        .map(|(_, c)| c)
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        match &e {
+            kube::Error::Api(ae) => match code_in(&ae.message) {
+                Some(code) => {
+                    let at = ae.message.find(code.as_str()).unwrap_or(0);
+                    let text = ae.message[at..].trim_start_matches(code.as_str()).trim_start_matches(": ");
+                    ApiError::new(code, text.to_owned())
+                }
+                None if ae.code == 422 || ae.code == 400 => ApiError::new(ErrorCode::SandboxRequestInvalid, ae.message.clone()),
+                None => ApiError::internal(format!("Kubernetes API: {}", ae.message)),
+            },
+            _ => ApiError::internal(format!("Kubernetes API: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_code_is_found_inside_an_apiserver_message() {
+        let m = r#"admission webhook "commands.hangar.dev" denied the request: sandbox_command_limit: a session takes at most 247 commands"#;
+        assert_eq!(code_in(m), Some(ErrorCode::SandboxCommandLimit));
+        let cel = r#"Command.hangar.dev "x" is invalid: spec.argv: Invalid value: "array": sandbox_request_invalid: argv needs a program"#;
+        assert_eq!(code_in(cel), Some(ErrorCode::SandboxRequestInvalid));
+        assert_eq!(code_in("nothing here"), None);
+        let e = ApiError::new(ErrorCode::SandboxOutputErased, "gone");
+        assert_eq!(e.status, 410);
+        assert_eq!(e.body()["error"]["code"], "sandbox_output_erased");
+    }
+}

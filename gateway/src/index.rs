@@ -1,0 +1,51 @@
+//! What the gateway knows without asking: every Sandbox (found by session
+//! id) and every Command, kept current by watches. A Command just created
+//! may not be here yet; routes that need it read it from the API then.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use hangar_crds::{Command, Sandbox};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+#[derive(Clone)]
+pub struct Index {
+    pub sandboxes: Store<Sandbox>,
+    pub commands: Store<Command>,
+}
+
+impl Index {
+    /// Starts the watches and waits for their first lists.
+    pub async fn start(client: kube::Client) -> Result<Self, reflector::store::WriterDropped> {
+        let (sandboxes, sw) = reflector::store();
+        let (commands, cw) = reflector::store();
+        let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
+        let c = reflector::reflector(cw, watcher(Api::<Command>::all(client), watcher::Config::default()));
+        tokio::spawn(s.default_backoff().for_each(|_| futures::future::ready(())));
+        tokio::spawn(c.default_backoff().for_each(|_| futures::future::ready(())));
+        sandboxes.wait_until_ready().await?;
+        commands.wait_until_ready().await?;
+        Ok(Self { sandboxes, commands })
+    }
+
+    pub fn session(&self, id: &str) -> Option<Arc<Sandbox>> {
+        self.sandboxes.state().into_iter().find(|s| s.metadata.uid.as_deref() == Some(id))
+    }
+
+    /// The session's commands, by number (unnumbered last, by name).
+    pub fn commands_of(&self, sandbox: &Sandbox) -> Vec<Arc<Command>> {
+        let ns = sandbox.namespace();
+        let name = sandbox.name_any();
+        let mut list: Vec<Arc<Command>> = self
+            .commands
+            .state()
+            .into_iter()
+            .filter(|c| c.namespace() == ns && c.spec.sandbox == name)
+            .collect();
+        list.sort_by_key(|c| (c.status.as_ref().and_then(|s| s.number).unwrap_or(i64::MAX), c.name_any()));
+        list
+    }
+}

@@ -1,0 +1,125 @@
+//! Reading command output: the attempt keys (sealed under the organisation
+//! key in the session's output-key Secret, or still in the worker's
+//! hand-off for a moment after it made them), and reads past an offset
+//! that wait for new bytes.
+//!
+//! Waiting polls the store's listing every `poll` (20 ms by default): the
+//! worker writes no per-chunk signal anywhere else, by design. With S3 each
+//! waiting reader costs a LIST per poll; a push from the worker to the
+//! gateway replica holding the reader is the planned refinement.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hangar_crds::{ErrorCode, output_keys};
+use hangar_output::{AttemptKey, Chunk, OrgKey, OutputStore, ReadError};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+
+use crate::error::ApiError;
+
+pub struct OutputReader {
+    pub store: OutputStore,
+    secrets: Api<Secret>,
+    org: OrgKey,
+    /// Opened keys per session (they never change once made).
+    keys: Mutex<HashMap<String, HashMap<u32, [u8; 32]>>>,
+    pub poll: Duration,
+}
+
+impl OutputReader {
+    pub fn new(store: OutputStore, secrets: Api<Secret>, org: OrgKey) -> Self {
+        Self { store, secrets, org, keys: Mutex::default(), poll: Duration::from_millis(20) }
+    }
+
+    /// The keys of attempts 1..=`attempt`: cached, else from the Secrets.
+    async fn keys(&self, session_id: &str, attempt: i64) -> Result<HashMap<u32, [u8; 32]>, ApiError> {
+        let have = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
+        if (1..=attempt).all(|a| have.contains_key(&(a as u32))) {
+            return Ok(have);
+        }
+        let mut keys = have;
+        // Twice: the operator may seal a hand-off (and delete it) between
+        // our two reads.
+        for _ in 0..2 {
+            if let Some(sealed) = self.secrets.get_opt(&output_keys::sealed_secret_name(session_id)).await? {
+                for (entry, value) in sealed.data.unwrap_or_default() {
+                    let Some(a) = entry.strip_prefix("attempt-").and_then(|a| a.parse::<i64>().ok()) else { continue };
+                    let key = self
+                        .org
+                        .unseal(&value.0, &output_keys::seal_context(session_id, a))
+                        .map_err(|e| ApiError::internal(format!("output key of attempt {a}: {e}")))?;
+                    if let Ok(k) = <[u8; 32]>::try_from(key.as_slice()) {
+                        keys.insert(a as u32, k);
+                    }
+                }
+            }
+            let missing: Vec<i64> = (1..=attempt).filter(|a| !keys.contains_key(&(*a as u32))).collect();
+            for a in missing {
+                let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(session_id, a)).await?;
+                let raw = handoff.and_then(|s| s.data).and_then(|d| d.get(output_keys::HANDOFF_KEY).cloned());
+                if let Some(k) = raw.and_then(|k| <[u8; 32]>::try_from(k.0.as_slice()).ok()) {
+                    keys.insert(a as u32, k);
+                }
+            }
+            if (1..=attempt).all(|a| keys.contains_key(&(a as u32))) {
+                break;
+            }
+        }
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(session_id.to_owned(), keys.clone());
+        Ok(keys)
+    }
+
+    /// Forgets a session's keys (they were destroyed).
+    pub fn forget(&self, session_id: &str) {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(session_id);
+    }
+
+    /// The chunks past `after`; 410 once the keys are destroyed.
+    pub async fn read(&self, session_id: &str, attempt: i64, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
+        let keys = self.keys(session_id, attempt).await?;
+        let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k).expect("32-byte key"));
+        match self.store.read_after(session_id, number, after, &key).await {
+            Ok(chunks) => Ok(chunks),
+            Err(ReadError::Erased(a)) => Err(ApiError::new(
+                ErrorCode::SandboxOutputErased,
+                format!("the output of attempt {a} is erased: its retention ended and its key was destroyed"),
+            )),
+            Err(e) => Err(ApiError::internal(format!("output store: {e}"))),
+        }
+    }
+
+    /// How far the command's output is stored without a gap.
+    pub async fn stored_end(&self, session_id: &str, number: u32) -> Result<u64, ApiError> {
+        self.store.stored_end(session_id, number).await.map_err(|e| ApiError::internal(format!("output store: {e}")))
+    }
+
+    /// Reads past `after`, waiting until there are bytes, `is_final()`
+    /// says the command ended, or `wait` passes.
+    pub async fn read_waiting<F, Fut>(
+        &self,
+        session_id: &str,
+        attempt: i64,
+        number: u32,
+        after: u64,
+        wait: Duration,
+        mut is_final: F,
+    ) -> Result<(Vec<Chunk>, bool), ApiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, ApiError>>,
+    {
+        let deadline = Instant::now() + wait;
+        loop {
+            // Final first: the worker stores all output before the final
+            // status, so a read after seeing it misses nothing.
+            let fin = is_final().await?;
+            let chunks = self.read(session_id, attempt, number, after).await?;
+            if !chunks.is_empty() || fin || Instant::now() >= deadline {
+                return Ok((chunks, fin));
+            }
+            tokio::time::sleep(self.poll.min(deadline.saturating_duration_since(Instant::now()))).await;
+        }
+    }
+}
