@@ -7,6 +7,7 @@
 //! - `commands/`: the Command controller (numbering, cancel of queued ones)
 //! - `keys`: session keys sealed under the organisation key
 //! - `output_keys`: sealing the output keys workers hand in
+//! - `output_retention`: destroying them `outputRetentionDays` after the end
 //! - `leader`: leader election by Lease
 //! - `serve`: health and metrics endpoint
 
@@ -20,5 +21,6 @@ pub mod leader;
 pub mod lifecycle;
 pub mod node;
 pub mod output_keys;
+pub mod output_retention;
 pub mod serve;
 pub mod settings;

@@ -95,7 +95,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         sealed_output_keys: Default::default(),
     });
     let _ = ready.set(ctx.clone());
-    tokio::spawn(sweep_loop(ec2, client, Duration::from_secs(settings.orphan_sweep_seconds)));
+    tokio::spawn(sweep_loop(ec2, client, settings.system_namespace.clone(), Duration::from_secs(settings.orphan_sweep_seconds)));
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
     let sessions = lifecycle::run(ctx, node_writer, lease_writer, changes_rx);
@@ -115,9 +115,14 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
-async fn sweep_loop(ec2: Ec2, client: kube::Client, every: Duration) {
+async fn sweep_loop(ec2: Ec2, client: kube::Client, system_namespace: String, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
+        match hangar_operator::output_retention::sweep(&client, &system_namespace).await {
+            Ok(erased) if erased.is_empty() => {}
+            Ok(erased) => tracing::info!(?erased, "output retention sweep"),
+            Err(e) => tracing::warn!(error = %e, "output retention sweep failed"),
+        }
         match ec2::orphans::sweep(&ec2, &client).await {
             Ok(s) if s.instances.is_empty() && s.volumes.is_empty() => {}
             Ok(s) => tracing::info!(instances = ?s.instances, volumes = ?s.volumes, "orphan sweep"),

@@ -83,6 +83,10 @@ pub struct Settings {
     #[arg(long, env = "HANGAR_OUTPUT_STORE")]
     pub output_store: Option<String>,
     /// Print the parsed settings and exit (checks a deployment's flags).
+    /// Length of one retention "day" in seconds (86400). Tests scale the
+    /// retention clock down with it.
+    #[arg(long, env = "HANGAR_RETENTION_DAY_SECONDS", default_value_t = 86400)]
+    pub retention_day_seconds: u64,
     #[arg(long)]
     pub print_settings: bool,
 }

@@ -126,8 +126,9 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     let current = sandbox.status.clone().unwrap_or_default();
     let terminal = matches!(current.phase, Some(Phase::Ended | Phase::Failed));
     if terminal {
+        let left = crate::output_retention::enforce(&ctx, &sandbox, &current).await?;
         remove_finalizer(&api, &sandbox).await?;
-        return Ok(Requeue::await_change());
+        return Ok(left.map(|d| Requeue::requeue(d + Duration::from_millis(100))).unwrap_or_else(Requeue::await_change));
     }
     ensure_finalizer(&api, &sandbox).await?;
 
@@ -175,8 +176,11 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     }
     ctx.succeeded(&format!("{ns}/{name}"));
     if matches!(status.phase, Some(Phase::Ended | Phase::Failed)) {
+        // The output's erase deadline goes on its key Secret before the
+        // finalizer does, so even a deleted Sandbox's output is erased.
+        let left = crate::output_retention::enforce(&ctx, &sandbox, &status).await?;
         remove_finalizer(&api, &sandbox).await?;
-        return Ok(Requeue::await_change());
+        return Ok(left.map(|d| Requeue::requeue(d + Duration::from_millis(100))).unwrap_or_else(Requeue::await_change));
     }
     // Watches wake us as soon as anything changes; the requeue is the
     // level-triggered safety net, tighter while a transition is under way.

@@ -1,0 +1,144 @@
+//! Output retention: `outputRetentionDays` after a session ends, its output
+//! keys are destroyed — the session's output-key Secret and any hand-off
+//! left — and the erasure is recorded (`status.outputErasedAt`); from then
+//! on the sealed chunks in the store open for nobody and the gateway
+//! answers 410 `sandbox_output_erased`.
+//!
+//! The deadline is written onto the output-key Secret itself
+//! (`hangar.dev/erase-after`) in the reconcile that ends the session, before
+//! the finalizer goes: a Sandbox deleted right after its end leaves no key
+//! behind, because the periodic sweep erases any key Secret past its
+//! deadline whether or not its Sandbox still exists.
+
+use std::time::Duration;
+
+use hangar_crds::output_keys::{self, SESSION_ID_LABEL};
+use hangar_crds::{Sandbox, SandboxStatus};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::Result;
+
+pub const ERASE_AFTER: &str = "hangar.dev/erase-after";
+
+/// When the session ended: its last reset step's confirmation.
+pub fn ended_at(status: &SandboxStatus) -> Option<Timestamp> {
+    status.reset.iter().map(|r| r.confirmed_at.0).max()
+}
+
+/// `ended + days` (a day being `day_seconds` long).
+pub fn erase_after(ended: Timestamp, days: i64, day_seconds: u64) -> Timestamp {
+    ended + SignedDuration::from_secs(days.max(1) * day_seconds as i64)
+}
+
+/// For an ended session: write the deadline, or erase once it has passed.
+/// Returns how long until the deadline (None once erased).
+pub async fn enforce(ctx: &Context, sandbox: &Sandbox, status: &SandboxStatus) -> Result<Option<Duration>> {
+    if status.output_erased_at.is_some() {
+        return Ok(None);
+    }
+    let Some(session_id) = sandbox.uid() else { return Ok(None) };
+    let ended = ended_at(status).unwrap_or_else(Timestamp::now);
+    let deadline = erase_after(ended, sandbox.spec.output_retention_days, ctx.settings.retention_day_seconds);
+    let now = Timestamp::now();
+    if now < deadline {
+        mark(ctx, &session_id, deadline).await?;
+        let left = deadline.duration_since(now).unsigned_abs();
+        return Ok(Some(left));
+    }
+    erase(ctx, &session_id, status.attempt.unwrap_or(0)).await?;
+    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &sandbox.namespace().unwrap_or_default());
+    let mut next = status.clone();
+    next.output_erased_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+    crate::lifecycle::write_status(&api, &sandbox.name_any(), &next).await?;
+    tracing::info!(session = %session_id, "output retention over: output keys destroyed");
+    Ok(None)
+}
+
+/// Puts the deadline on the session's output-key Secret (creating an empty
+/// one if no attempt ever made a key, so the sweep still knows the session).
+async fn mark(ctx: &Context, session_id: &str, deadline: Timestamp) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    let name = output_keys::sealed_secret_name(session_id);
+    let value = deadline.to_string();
+    match secrets.get_opt(&name).await? {
+        Some(s) if s.annotations().get(ERASE_AFTER) == Some(&value) => Ok(()),
+        Some(_) => {
+            let patch = json!({"metadata": {"annotations": {ERASE_AFTER: value}}});
+            secrets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            Ok(())
+        }
+        None => {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    labels: Some([(SESSION_ID_LABEL.to_owned(), session_id.to_owned())].into()),
+                    annotations: Some([(ERASE_AFTER.to_owned(), value)].into()),
+                    ..Default::default()
+                },
+                type_: Some("Opaque".into()),
+                ..Default::default()
+            };
+            match secrets.create(&PostParams::default(), &secret).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Destroys every output key of the session.
+async fn erase(ctx: &Context, session_id: &str, attempts: i64) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    let mut names = vec![output_keys::sealed_secret_name(session_id)];
+    names.extend((1..=attempts).map(|a| output_keys::handoff_secret_name(session_id, a)));
+    for name in names {
+        match secrets.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The sweep: erases every output-key Secret past its deadline, including
+/// those whose Sandbox is gone.
+pub async fn sweep(client: &kube::Client, system_namespace: &str) -> Result<Vec<String>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), system_namespace);
+    let now = Timestamp::now();
+    let mut erased = Vec::new();
+    for s in secrets.list(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items {
+        let due = s.annotations().get(ERASE_AFTER).and_then(|v| v.parse::<Timestamp>().ok()).is_some_and(|d| d <= now);
+        if due {
+            match secrets.delete(&s.name_any(), &DeleteParams::default()).await {
+                Ok(_) => erased.push(s.name_any()),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(erased)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deadline_is_the_end_plus_the_retention_in_scaled_days() {
+        let ended: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        assert_eq!(erase_after(ended, 30, 86400).to_string(), "2026-12-30T10:00:00Z");
+        assert_eq!(erase_after(ended, 2, 1).to_string(), "2026-11-30T10:00:02Z", "a scaled clock: 1 s per day");
+        let status: SandboxStatus = serde_yaml::from_str(
+            "reset: [{step: a, confirmedAt: '2026-11-30T10:00:01Z'}, {step: b, confirmedAt: '2026-11-30T10:00:03Z'}]",
+        )
+        .unwrap();
+        assert_eq!(ended_at(&status).unwrap().to_string(), "2026-11-30T10:00:03Z");
+    }
+}
