@@ -67,12 +67,22 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The example command runs to a final status through webhook, operator,
+    // worker and supervisor (pytest finds no tests here: it exits non-zero).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, out) = kubectl(&["get", "sbxcmd", "dev-box-pytest", "-o", "jsonpath={.status.phase} {.status.number}"]);
+        if out.trim() == "exited 1" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dev-box-pytest did not exit: {out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // Ctrl-C: hangar-up stops everything it started, then exits 0.
-    let pids: Vec<i32> = ["etcd", "kube-apiserver", "moto_server", "hangar-operator"]
-        .iter()
-        .flat_map(|name| children_named(up.id() as i32, name))
-        .collect();
-    assert_eq!(pids.len(), 4, "expected etcd, kube-apiserver, moto and operator children");
+    let names = ["etcd", "kube-apiserver", "moto_server", "hangar-webhook", "hangar-operator", "hangar-gateway"];
+    let pids: Vec<i32> = names.iter().flat_map(|name| children_named(up.id() as i32, name)).collect();
+    assert_eq!(pids.len(), names.len(), "expected one child each of {names:?}");
     unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {

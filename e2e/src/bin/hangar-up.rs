@@ -1,6 +1,7 @@
 //! `make up`: builds what is missing, starts the local stack (etcd,
-//! kube-apiserver, moto, the operator and the node simulator), prints how to
-//! reach it, and keeps it running until Ctrl-C.
+//! kube-apiserver, moto, the admission webhook, the operator, the gateway
+//! and the node simulator), prints how to reach it, and keeps it running
+//! until Ctrl-C.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,7 +27,7 @@ fn run() -> hangar_e2e::Result<()> {
     eprintln!("hangar-up: starting etcd and kube-apiserver (state in {})", dir.display());
     let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?, true)?;
     eprintln!("hangar-up: control plane ready at {}; CRDs installed", cp.server);
-    eprintln!("hangar-up: starting moto (EC2 + S3), the operator and the node simulator");
+    eprintln!("hangar-up: starting moto (EC2 + S3), the webhook, the operator, the gateway and the node simulator");
     let stack = LocalStack::start(cp, StackOptions::default())?;
 
     println!();
@@ -37,6 +38,17 @@ fn run() -> hangar_e2e::Result<()> {
     println!("  kubectl get crd | grep hangar.dev");
     println!("  kubectl apply -f examples/");
     println!("  kubectl get sbx -w");
+    println!("  kubectl get sbxcmd -w");
+    println!();
+    println!("The session API (gateway) serves https://127.0.0.1:{} with the CA {}:", stack.gateway.port, stack.cp.pki.ca_cert.display());
+    println!("  kubectl create serviceaccount me && kubectl create clusterrolebinding me --clusterrole=cluster-admin --serviceaccount=default:me");
+    println!("  TOKEN=$(kubectl create token me)");
+    println!("  ID=$(kubectl get sbx dev-box -o jsonpath='{{.status.sessionId}}')");
+    println!(
+        "  curl --cacert {} -H \"Authorization: Bearer $TOKEN\" https://127.0.0.1:{}/v1/sandboxes/$ID/attach",
+        stack.cp.pki.ca_cert.display(),
+        stack.gateway.port
+    );
     println!();
     println!("Logs: {}/*.log. Ctrl-C stops everything.", dir.display());
     let _ = std::io::stdout().flush();
