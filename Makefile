@@ -13,7 +13,7 @@ help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
 	@echo "make test   every test, from nothing"
 	@echo "make crds   regenerate crds/manifests and charts/hangar/crds from the Rust types"
-	@echo "make bench  lifecycle benchmark (release build), prints figures"
+	@echo "make bench  lifecycle and commands benchmarks (release build), print figures"
 
 ## Build what is missing (progress on stderr), then run until Ctrl-C.
 up: deps
@@ -40,8 +40,11 @@ binaries:
 moto:
 	@bash e2e/scripts/moto-venv.sh >/dev/null
 
-## Lifecycle benchmark (release build): prints latency, call-count and
-## memory figures over 100 sessions (and 1,000 paused for memory).
+## Benchmarks (release build): the lifecycle (latency, EC2 call counts and
+## memory over 100 sessions, 1,000 paused for memory) and commands (create
+## to process start, 1 GiB of output, long-poll wake, worker and gateway
+## memory).
 bench: deps
 	$(CARGO) build --release --workspace --bins
 	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)
+	$(CARGO_TARGET_DIR)/release/commands-bench

@@ -15,11 +15,15 @@ use crate::operator::{SYSTEM_NAMESPACE, workspace_binary};
 use crate::process::{ChildProcess, free_port, port_open, wait_until};
 
 pub struct GatewayProcess {
-    _process: ChildProcess,
+    process: ChildProcess,
     pub port: u16,
 }
 
 impl GatewayProcess {
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
     pub fn start(cp: &ControlPlane, output_dir: &std::path::Path) -> Result<Self> {
         let port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-gateway"));
@@ -33,7 +37,7 @@ impl GatewayProcess {
         let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join("gateway.log"))?;
         // It waits for the operator's organisation key before it listens.
         wait_until("hangar-gateway listening", &mut process, Duration::from_secs(60), || port_open(port))?;
-        Ok(Self { _process: process, port })
+        Ok(Self { process, port })
     }
 }
 

@@ -5,6 +5,7 @@
 //! Everything binds to 127.0.0.1 on free ports, and every process is killed
 //! when its owner drops it or when the test process dies.
 
+pub mod bench;
 pub mod build;
 pub mod commands;
 pub mod control_plane;

@@ -19,6 +19,10 @@ use kube::api::Api;
 
 use crate::error::ApiError;
 
+/// One output response carries about this much (a reader pages on with
+/// `next`): bounded memory per request, whatever the command wrote.
+pub const MAX_RESPONSE_BYTES: u64 = 4 << 20;
+
 pub struct OutputReader {
     pub store: OutputStore,
     secrets: Api<Secret>,
@@ -80,7 +84,7 @@ impl OutputReader {
     pub async fn read(&self, session_id: &str, attempt: i64, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
         let keys = self.keys(session_id, attempt).await?;
         let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k).expect("32-byte key"));
-        match self.store.read_after(session_id, number, after, &key).await {
+        match self.store.read_after_at_most(session_id, number, after, MAX_RESPONSE_BYTES, &key).await {
             Ok(chunks) => Ok(chunks),
             Err(ReadError::Erased(a)) => Err(ApiError::new(
                 ErrorCode::SandboxOutputErased,

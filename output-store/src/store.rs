@@ -157,9 +157,27 @@ impl OutputStore {
         after: u64,
         key: &(dyn Fn(u32) -> Option<AttemptKey> + Sync),
     ) -> Result<Vec<Chunk>, ReadError> {
+        self.read_after_at_most(session, command, after, u64::MAX, key).await
+    }
+
+    /// As `read_after`, stopping after the chunk that reaches `max_bytes`
+    /// (a reader pages through long output with the next offset).
+    pub async fn read_after_at_most(
+        &self,
+        session: &str,
+        command: u32,
+        after: u64,
+        max_bytes: u64,
+        key: &(dyn Fn(u32) -> Option<AttemptKey> + Sync),
+    ) -> Result<Vec<Chunk>, ReadError> {
         let entries = self.entries(session, command).await?;
         let mut out = Vec::new();
+        let mut taken = 0u64;
         for e in contiguous(&entries).into_iter().filter(|e| e.offset + e.len > after) {
+            if taken >= max_bytes {
+                break;
+            }
+            taken += e.len;
             let k = key(e.attempt).ok_or(ReadError::Erased(e.attempt))?;
             let sealed = self.store.get(&e.path).await?.bytes().await?;
             let plain = k

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
 use futures::future::join_all;
 use hangar_crds::{Phase, Sandbox};
+use hangar_e2e::bench::{pct, rss_kib};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -60,14 +61,6 @@ fn samples(metrics: &str, name: &str) -> Vec<u64> {
         .collect()
 }
 
-fn pct(mut v: Vec<u64>, p: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
-}
 
 async fn wait_all(api: &Api<Sandbox>, n: usize, want: Phase, what: &str) -> Duration {
     let start = Instant::now();
@@ -212,12 +205,6 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()))?)
-        .unwrap_or(0)
-}
 
 /// `m` sessions that are paused: a stopped, tagged instance in EC2 and a
 /// Sandbox whose status says paused, as the operator itself leaves them.

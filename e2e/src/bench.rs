@@ -1,0 +1,35 @@
+//! What the benchmark binaries share: percentiles and process memory.
+
+/// The `p` quantile (0.0–1.0) by nearest rank; 0 for no samples.
+pub fn pct(mut v: Vec<u64>, p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+/// Resident memory of a process, KiB (0 when it is gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()))?)
+        .unwrap_or(0)
+}
+
+/// Wall-clock now, in nanoseconds since the epoch.
+pub fn now_ns() -> i128 {
+    k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(super::pct(v.clone(), 0.5), 51);
+        assert_eq!(super::pct(v, 0.99), 99);
+        assert_eq!(super::pct(vec![], 0.5), 0);
+    }
+}
