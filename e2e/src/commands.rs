@@ -50,23 +50,14 @@ pub async fn cancel(api: &Api<Command>, name: &str) {
 /// Polls until `pred` holds; on the deadline, fails with the status and
 /// the tails of the worker and supervisor logs.
 pub async fn wait_command(stack: &LocalStack, api: &Api<Command>, name: &str, what: &str, pred: impl Fn(&Command) -> bool) -> Command {
-    let start = Instant::now();
-    loop {
-        let current = api.get_opt(name).await.expect("get command");
-        if let Some(c) = &current {
-            if pred(c) {
-                return c.clone();
-            }
-        }
-        if start.elapsed() > DEADLINE {
-            panic!(
-                "command {name}: not {what} within {DEADLINE:?}; status: {}\n{}",
-                current.map(|c| serde_json::to_string_pretty(&c.status).unwrap_or_default()).unwrap_or("(gone)".into()),
-                node_logs(stack)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::sessions::wait_object(api, name, what, pred, |c| {
+        format!(
+            "status: {}\n{}",
+            c.map(|c| serde_json::to_string_pretty(&c.status).unwrap_or_default()).unwrap_or("(gone)".into()),
+            node_logs(stack)
+        )
+    })
+    .await
 }
 
 pub async fn wait_command_phase(stack: &LocalStack, api: &Api<Command>, name: &str, want: CommandPhase) -> Command {

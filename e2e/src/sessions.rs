@@ -51,26 +51,44 @@ pub fn phase(s: &Sandbox) -> Option<Phase> {
     s.status.as_ref().and_then(|st| st.phase)
 }
 
-/// Polls until `pred` holds; on the deadline, fails with the last status
-/// and the operator's log.
-pub async fn wait_for(stack: &LocalStack, api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&Sandbox) -> bool) -> Sandbox {
+/// Polls object `name` until `pred` holds; on the deadline, fails with
+/// `describe` of the last copy seen (`None`: it does not exist).
+pub async fn wait_object<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&K) -> bool,
+    describe: impl Fn(Option<&K>) -> String,
+) -> K
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let start = Instant::now();
     loop {
-        let current = api.get_opt(name).await.expect("get sandbox");
-        if let Some(s) = &current {
-            if pred(s) {
-                return s.clone();
+        let current = api.get_opt(name).await.unwrap_or_else(|e| panic!("get {name}: {e}"));
+        if let Some(o) = &current {
+            if pred(o) {
+                return o.clone();
             }
         }
         if start.elapsed() > DEADLINE {
-            panic!(
-                "{name}: not {what} within {DEADLINE:?}; status: {}\noperator log:\n{}",
-                current.map(|s| serde_json::to_string_pretty(&s.status).unwrap_or_default()).unwrap_or("(gone)".into()),
-                stack.operator().log_tail(30)
-            );
+            panic!("{name}: not {what} within {DEADLINE:?}; {}", describe(current.as_ref()));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Polls until `pred` holds; on the deadline, fails with the last status
+/// and the operator's log.
+pub async fn wait_for(stack: &LocalStack, api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&Sandbox) -> bool) -> Sandbox {
+    wait_object(api, name, what, pred, |s| {
+        format!(
+            "status: {}\noperator log:\n{}",
+            s.map(|s| serde_json::to_string_pretty(&s.status).unwrap_or_default()).unwrap_or("(gone)".into()),
+            stack.operator().log_tail(30)
+        )
+    })
+    .await
 }
 
 pub async fn wait_phase(stack: &LocalStack, api: &Api<Sandbox>, name: &str, want: Phase) -> Sandbox {

@@ -230,6 +230,9 @@ fn chart_installs_and_grants_least_privilege() {
     yes(gw, &["create", "subjectaccessreviews.authorization.k8s.io"]);
     yes(gw, &["create", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(gw, &["get", "secrets", "-n", "team-a"]);
+    yes(gw, &["get", "secrets", "-n", "hangar-system"]);
+    no(gw, &["list", "secrets", "-n", "hangar-system"]);
+    no(gw, &["patch", "secrets", "-n", "hangar-system"]);
     no(gw, &["delete", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(gw, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
 

@@ -56,28 +56,23 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     let (ok, out) = kubectl(&["get", "sbx"]);
     assert!(ok && out.contains("dev-box") && out.contains("review-agent"), "{out}");
 
+    // Polls a jsonpath until it reads `want`.
+    let wait_jsonpath = |args: &[&str], want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let (_, out) = kubectl(args);
+            if out.trim() == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{args:?} never read {want:?}: {out}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
     // The operator and node simulator bring the example sessions up.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let (_, out) = kubectl(&["get", "sbx", "dev-box", "-o", "jsonpath={.status.phase}"]);
-        if out.trim() == "running" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "dev-box did not reach running: {out}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-
+    wait_jsonpath(&["get", "sbx", "dev-box", "-o", "jsonpath={.status.phase}"], "running");
     // The example command runs to a final status through webhook, operator,
-    // worker and supervisor (pytest finds no tests here: it exits non-zero).
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let (_, out) = kubectl(&["get", "sbxcmd", "dev-box-pytest", "-o", "jsonpath={.status.phase} {.status.number}"]);
-        if out.trim() == "exited 1" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "dev-box-pytest did not exit: {out}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // worker and supervisor (number 1).
+    wait_jsonpath(&["get", "sbxcmd", "dev-box-pytest", "-o", "jsonpath={.status.phase} {.status.number}"], "exited 1");
 
     // Ctrl-C: hangar-up stops everything it started, then exits 0.
     let names = ["etcd", "kube-apiserver", "moto_server", "hangar-webhook", "hangar-operator", "hangar-gateway"];
