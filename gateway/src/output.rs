@@ -21,7 +21,7 @@ use crate::error::ApiError;
 
 /// One output response carries about this much (a reader pages on with
 /// `next`): bounded memory per request, whatever the command wrote.
-pub const MAX_RESPONSE_BYTES: u64 = 4 << 20;
+pub const MAX_RESPONSE_BYTES: u64 = 8 << 20;
 
 pub struct OutputReader {
     pub store: OutputStore,

@@ -56,7 +56,11 @@ impl AttemptKey {
 
     /// `aad` binds the chunk to its session, command, stream and offset.
     pub fn seal(&self, command: u32, offset: u64, aad: &[u8], plain: &[u8]) -> Result<Vec<u8>, SealError> {
-        let mut buf = plain.to_vec();
+        self.seal_owned(command, offset, aad, plain.to_vec())
+    }
+
+    /// As `seal`, in the buffer it is given (no copy of a large chunk).
+    pub fn seal_owned(&self, command: u32, offset: u64, aad: &[u8], mut buf: Vec<u8>) -> Result<Vec<u8>, SealError> {
         self.key
             .seal_in_place_append_tag(Self::nonce(command, offset), Aad::from(aad), &mut buf)
             .map_err(|_| SealError::Random)?;
@@ -64,12 +68,18 @@ impl AttemptKey {
     }
 
     pub fn open(&self, command: u32, offset: u64, aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, SealError> {
-        let mut buf = sealed.to_vec();
-        let plain = self
+        self.open_owned(command, offset, aad, sealed.to_vec())
+    }
+
+    /// As `open`, in the buffer it is given (no copy of a large chunk).
+    pub fn open_owned(&self, command: u32, offset: u64, aad: &[u8], mut buf: Vec<u8>) -> Result<Vec<u8>, SealError> {
+        let len = self
             .key
             .open_in_place(Self::nonce(command, offset), Aad::from(aad), &mut buf)
-            .map_err(|_| SealError::Open)?;
-        Ok(plain.to_vec())
+            .map_err(|_| SealError::Open)?
+            .len();
+        buf.truncate(len);
+        Ok(buf)
     }
 }
 

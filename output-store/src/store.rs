@@ -181,7 +181,7 @@ impl OutputStore {
             let k = key(e.attempt).ok_or(ReadError::Erased(e.attempt))?;
             let sealed = self.store.get(&e.path).await?.bytes().await?;
             let plain = k
-                .open(command, e.offset, &aad(session, command, e.stream), &sealed)
+                .open_owned(command, e.offset, &aad(session, command, e.stream), Vec::from(sealed))
                 .map_err(|err| ReadError::Seal(e.path.to_string(), err))?;
             let skip = after.saturating_sub(e.offset) as usize;
             out.push(Chunk { stream: e.stream, offset: e.offset + skip as u64, data: Bytes::from(plain).slice(skip..) });

@@ -64,14 +64,21 @@ impl OutputWriter {
 
     /// Appends one chunk; returns the offset after it.
     pub async fn append(&mut self, stream: Stream, bytes: &[u8]) -> Result<u64, WriteError> {
+        self.append_owned(stream, bytes.to_vec()).await
+    }
+
+    /// As `append`, sealing the buffer in place (one copy of the chunk in
+    /// memory, whatever its size).
+    pub async fn append_owned(&mut self, stream: Stream, bytes: Vec<u8>) -> Result<u64, WriteError> {
         if bytes.is_empty() {
             return Ok(self.offset);
         }
-        let sealed = self.key.seal(self.command, self.offset, &aad(&self.session, self.command, stream), bytes)?;
+        let len = bytes.len() as u64;
+        let sealed = self.key.seal_owned(self.command, self.offset, &aad(&self.session, self.command, stream), bytes)?;
         let name = chunk_name(stream, self.offset, self.attempt);
         let path = self.spool.join(&name);
         write_synced(&path, &sealed).map_err(|source| WriteError::Spool { path: path.clone(), source })?;
-        self.offset += bytes.len() as u64;
+        self.offset += len;
         self.upload(&name, Bytes::from(sealed)).await?;
         Ok(self.offset)
     }
@@ -79,7 +86,7 @@ impl OutputWriter {
     /// Writes the chunk whose first byte is at `offset`: the part already
     /// stored (a chunk delivered again after a restart) is skipped, so
     /// writing the same chunk twice stores it once.
-    pub async fn write_at(&mut self, stream: Stream, offset: u64, bytes: &[u8]) -> Result<u64, WriteError> {
+    pub async fn write_at(&mut self, stream: Stream, offset: u64, mut bytes: Vec<u8>) -> Result<u64, WriteError> {
         if offset > self.offset {
             return Err(WriteError::Gap { expected: self.offset, got: offset });
         }
@@ -87,7 +94,8 @@ impl OutputWriter {
         if skip >= bytes.len() {
             return Ok(self.offset);
         }
-        self.append(stream, &bytes[skip..]).await
+        bytes.drain(..skip);
+        self.append_owned(stream, bytes).await
     }
 
     /// Test hook: spools a chunk and "crashes" before uploading it.

@@ -93,11 +93,11 @@ async fn a_chunk_delivered_again_is_stored_once_and_a_gap_is_refused() {
     let store = OutputStore::local(&dir.path().join("store")).unwrap();
     let k = AttemptKey::generate().unwrap();
     let mut w = OutputWriter::open(store.clone(), dir.path().join("spool"), SESSION, 3, 1, key(&k)).await.unwrap();
-    assert_eq!(w.write_at(Stream::Stdout, 0, b"abc").await.unwrap(), 3);
-    assert_eq!(w.write_at(Stream::Stdout, 0, b"abc").await.unwrap(), 3, "the same chunk again");
-    assert_eq!(w.write_at(Stream::Stderr, 3, b"def").await.unwrap(), 6);
+    assert_eq!(w.write_at(Stream::Stdout, 0, b"abc".to_vec()).await.unwrap(), 3);
+    assert_eq!(w.write_at(Stream::Stdout, 0, b"abc".to_vec()).await.unwrap(), 3, "the same chunk again");
+    assert_eq!(w.write_at(Stream::Stderr, 3, b"def".to_vec()).await.unwrap(), 6);
     assert!(matches!(
-        w.write_at(Stream::Stdout, 9, b"x").await,
+        w.write_at(Stream::Stdout, 9, b"x".to_vec()).await,
         Err(hangar_output::WriteError::Gap { expected: 6, got: 9 })
     ));
     let keys = |_: u32| Some(key(&k));

@@ -59,6 +59,8 @@ pub enum RunnerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("could not record the final status of command {0}")]
+    Unsettled(String),
     #[error("output message is not base64: {0}")]
     Base64(#[from] base64::DecodeError),
 }
@@ -257,7 +259,8 @@ impl Runner {
             match msg {
                 FromSupervisor::Output { id, stream, offset, data_b64 } => {
                     // Join the contiguous chunks of this command and stream.
-                    let mut bytes = base64::engine::general_purpose::STANDARD.decode(data_b64)?;
+                    let b64 = base64::engine::general_purpose::STANDARD;
+                    let mut bytes = b64.decode(data_b64)?;
                     let mut last = *seq;
                     while let Some(Sequenced { seq, msg: FromSupervisor::Output { id: i2, stream: s2, offset: o2, data_b64 } }) =
                         batch.get(i + 1)
@@ -265,11 +268,14 @@ impl Runner {
                         if i2 != id || s2 != stream || *o2 != offset + bytes.len() as u64 || bytes.len() >= CHUNK_BYTES {
                             break;
                         }
-                        bytes.extend(base64::engine::general_purpose::STANDARD.decode(data_b64)?);
+                        // Decoded straight onto the chunk: no second copy,
+                        // and no doubling of its capacity.
+                        bytes.reserve_exact(data_b64.len() / 4 * 3);
+                        b64.decode_vec(data_b64, &mut bytes)?;
                         last = *seq;
                         i += 1;
                     }
-                    self.write_output(*id, *stream, *offset, &bytes).await?;
+                    self.write_output(*id, *stream, *offset, bytes).await?;
                     done = Some(last);
                 }
                 FromSupervisor::Started { .. } => done = Some(*seq),
@@ -309,7 +315,7 @@ impl Runner {
         Ok(self.writers.get_mut(&id).expect("inserted"))
     }
 
-    async fn write_output(&mut self, id: u32, stream: OutputStream, offset: u64, bytes: &[u8]) -> Result<(), RunnerError> {
+    async fn write_output(&mut self, id: u32, stream: OutputStream, offset: u64, bytes: Vec<u8>) -> Result<(), RunnerError> {
         let stream = match stream {
             OutputStream::Stdout => Stream::Stdout,
             OutputStream::Stderr => Stream::Stderr,
@@ -339,7 +345,9 @@ impl Runner {
         self.transition_final(cmd, status).await
     }
 
-    /// A compare-and-swap to a final status, re-read once on a conflict.
+    /// A compare-and-swap to a final status, re-read on a conflict. If it
+    /// still cannot be written, the error leaves the supervisor's message
+    /// unacknowledged, so it comes again.
     async fn transition_final(&mut self, mut cmd: Command, status: Value) -> Result<(), RunnerError> {
         for _ in 0..3 {
             if phase(&cmd).is_some_and(CommandPhase::is_final) {
@@ -351,7 +359,10 @@ impl Runner {
             cmd = self.api.get(&cmd.name_any()).await?;
             self.observe(cmd.clone());
         }
-        Ok(())
+        if phase(&cmd).is_some_and(CommandPhase::is_final) {
+            return Ok(());
+        }
+        Err(RunnerError::Unsettled(cmd.name_any()))
     }
 
     /// Merge-patches the status if the object is still at `cmd`'s version.

@@ -30,7 +30,7 @@ pub struct Config {
 
 /// Unacknowledged output above this holds the command's pipes (the process
 /// blocks on write, as on a slow terminal) instead of growing memory.
-const OUTBOX_LIMIT_BYTES: usize = 16 << 20;
+const OUTBOX_LIMIT_BYTES: usize = 8 << 20;
 
 /// Outbound messages, kept until the worker acknowledges them.
 #[derive(Default)]

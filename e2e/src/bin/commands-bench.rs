@@ -5,7 +5,7 @@
 //!    taken just before it. Paced (10 per second) and in bursts of 16.
 //! 2. Output throughput: one command writes 1 GiB (`head -c 1G /dev/zero`);
 //!    stored = create → exited with every byte stored; readable = reading
-//!    all of it back through the gateway (4 MiB pages, JSON + base64).
+//!    all of it back through the gateway (8 MiB pages, JSON + base64).
 //! 3. Long-poll wake latency: a command prints its clock every 100 ms; a
 //!    client long-polls past the last offset; latency = arrival − the time
 //!    the line says it was written.
