@@ -95,11 +95,17 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
         body_contains: vec![marker.into()],
         code: "InvalidAMIID.NotFound",
         status: 400,
-        times: 1,
+        // An unknown AMI stays unknown, however often it is tried.
+        times: usize::MAX,
     });
     let (api, created) = start_session(&f.stack, "faults", "badami").await;
     let session = created.uid().unwrap();
-    let s = sessions::wait_phase(&f.stack, &api, "badami", Phase::Failed).await;
+    let s = sessions::wait_for(&f.stack, &api, "badami", "failed", |s| {
+        let phase = sessions::phase(s);
+        assert_ne!(phase, Some(Phase::Running), "launched past the injected fault; the proxy saw {:#?}", f.proxy.seen(marker));
+        phase == Some(Phase::Failed)
+    })
+    .await;
     let status = s.status.unwrap();
     let reason = status.stop_reason.unwrap_or_default();
     assert!(reason.starts_with("launch_failed: InvalidAMIID.NotFound"), "readable reason: {reason}");
