@@ -47,6 +47,12 @@ pub fn sandbox(name: &str, mode: &str, spec: Value) -> Sandbox {
     .expect("sandbox manifest")
 }
 
+/// Sets `spec.state` (Running, Paused, Ended) by merge patch.
+pub async fn set_state(api: &Api<Sandbox>, name: &str, state: &str) -> Result<Sandbox, kube::Error> {
+    let patch = json!({"spec": {"state": state}});
+    api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await
+}
+
 pub fn phase(s: &Sandbox) -> Option<Phase> {
     s.status.as_ref().and_then(|st| st.phase)
 }

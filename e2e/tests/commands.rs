@@ -31,7 +31,7 @@ fn number(c: &Command) -> u32 {
 }
 
 async fn set_state(api: &Api<Sandbox>, state: &str) {
-    api.patch("box", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"state": state}}))).await.unwrap();
+    sessions::set_state(api, "box", state).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

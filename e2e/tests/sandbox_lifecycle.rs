@@ -13,7 +13,7 @@ use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace as namespace, phase}
 use hangar_e2e::shared_stack;
 use aws_sdk_ec2::types::InstanceStateName;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -25,9 +25,7 @@ async fn wait_for(api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&San
     sessions::wait_for(shared_stack(), api, name, what, pred).await
 }
 
-async fn set_state(api: &Api<Sandbox>, name: &str, state: &str) -> Result<Sandbox, kube::Error> {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"state": state}}))).await
-}
+use sessions::set_state;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn launch_pause_resume_end_on_the_same_instance() {

@@ -48,10 +48,9 @@ impl Auth {
             return Err(ApiError::new(ErrorCode::TokenInvalid, "session tokens are not accepted on member routes"));
         }
         let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref().to_vec();
-        if let Some((at, c)) = self.tokens.lock().unwrap_or_else(|p| p.into_inner()).get(&digest) {
-            if at.elapsed() < CACHE_FOR {
-                return Ok(c.clone());
-            }
+        let cached = self.tokens.lock().unwrap_or_else(|p| p.into_inner()).get(&digest).cloned();
+        if let Some((_, c)) = cached.filter(|(at, _)| at.elapsed() < CACHE_FOR) {
+            return Ok(c);
         }
         let review = TokenReview {
             spec: TokenReviewSpec { token: token.to_owned(), ..Default::default() },

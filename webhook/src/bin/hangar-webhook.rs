@@ -29,9 +29,7 @@ struct Settings {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    hangar_webhook::init_process();
     let settings = Settings::parse();
     match run(settings).await {
         Ok(()) => ExitCode::SUCCESS,
