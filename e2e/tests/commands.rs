@@ -122,7 +122,7 @@ fn gated(name: &str) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command_never_runs() {
     let stack = shared_stack();
-    let (_, api, s) = session(stack, "cmd-limits").await;
+    let (boxes, api, s) = session(stack, "cmd-limits").await;
     let volume = s.status.as_ref().unwrap().volume_id.clone().unwrap();
     let workspace = stack.sim.volume_dir(&volume);
     // 20 created at once.
@@ -152,6 +152,12 @@ async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command
         list.iter().filter(|c| cphase(c) == Some(CommandPhase::Queued)).map(number).collect();
     queued.sort();
     assert_eq!(queued, vec![17, 18, 19, 20], "the highest numbers wait");
+    let counts = |total, unfinished, running| {
+        move |s: &Sandbox| {
+            s.status.as_ref().and_then(|st| st.commands.as_ref()).is_some_and(|c| (c.total, c.unfinished, c.running) == (total, unfinished, running))
+        }
+    };
+    sessions::wait_for(stack, &boxes, "box", "counting 20 commands, 16 running", counts(20, 20, 16)).await;
 
     // Cancel a queued one: it never runs, even when a slot frees.
     let victim = list.iter().find(|c| number(c) == 20).unwrap().name_any();
@@ -170,6 +176,7 @@ async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command
     let c = api.get(&victim).await.unwrap();
     assert_eq!(cphase(&c), Some(CommandPhase::Cancelled));
     assert!(c.status.as_ref().unwrap().started_at.is_none(), "a cancelled command never started");
+    sessions::wait_for(stack, &boxes, "box", "counting 20 commands, all finished", counts(20, 0, 0)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

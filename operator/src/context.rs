@@ -21,6 +21,8 @@ pub struct Context {
     pub instances: InstanceWatcher,
     pub nodes: Store<Node>,
     pub leases: Store<Lease>,
+    /// Every Command, for the per-session counts in the Sandbox status.
+    pub commands: Store<hangar_crds::Command>,
     pub org_key: OrgKey,
     pub recorder: Recorder,
     pub metrics: Metrics,

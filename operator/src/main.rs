@@ -76,6 +76,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
 
     let (nodes, node_writer) = reflector::store();
     let (leases, lease_writer) = reflector::store();
+    let (commands, command_writer) = reflector::store();
     let recorder = Recorder::new(
         client.clone(),
         Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
@@ -87,6 +88,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         instances,
         nodes,
         leases,
+        commands,
         org_key,
         recorder,
         metrics: Metrics::default(),
@@ -98,7 +100,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     tokio::spawn(sweep_loop(ec2, client, settings.system_namespace.clone(), Duration::from_secs(settings.orphan_sweep_seconds)));
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
-    let sessions = lifecycle::run(ctx, node_writer, lease_writer, changes_rx);
+    let sessions = lifecycle::run(ctx, node_writer, lease_writer, command_writer, changes_rx);
     let controller = async move {
         sessions.await;
         commands.abort();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use hangar_crds::{Phase, Sandbox, SandboxStatus, heartbeat};
+use hangar_crds::{Command, CommandCounts, CommandPhase, Phase, Sandbox, SandboxStatus, heartbeat};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -37,6 +37,7 @@ pub async fn run(
     ctx: Arc<Context>,
     node_writer: reflector::store::Writer<Node>,
     lease_writer: reflector::store::Writer<Lease>,
+    command_writer: reflector::store::Writer<Command>,
     instance_changes: mpsc::Receiver<ObjectRef<Sandbox>>,
 ) {
     let client = ctx.client.clone();
@@ -53,6 +54,9 @@ pub async fn run(
     )
     .default_backoff()
     .applied_objects();
+    let commands = reflector(command_writer, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
     let pods = watcher(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
@@ -61,7 +65,7 @@ pub async fn run(
     .applied_objects();
     let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
     let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
-    let (serves2, serves3) = (serves.clone(), serves.clone());
+    let (serves2, serves3, serves4) = (serves.clone(), serves.clone(), serves.clone());
     let instances = ctx.instances.clone();
     // Each mapper notes when its event arrived, for the benchmark's
     // "last watch event → running" figure.
@@ -89,6 +93,11 @@ pub async fn run(
         .watches_stream(leases, move |lease: Lease| {
             let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
             serves2(ns).then(|| m2.metrics.triggered(ns, name)).map(|_| ObjectRef::new(name).within(ns))
+        })
+        // A command's status moves its session's counts.
+        .watches_stream(commands, move |c: Command| {
+            let ns = c.namespace()?;
+            serves4(&ns).then(|| ObjectRef::new(&c.spec.sandbox).within(&ns))
         })
         .reconcile_on(receiver_stream(instance_changes))
         .shutdown_on_signal()
@@ -143,6 +152,11 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     let session = Session { sandbox: &sandbox, session_id: &session_id, namespace: &ns, name: &name };
     let mut status = plan.status.clone();
     status.session_id = Some(session_id.clone());
+    // Counted from the watch cache: never from a cache that has not
+    // listed yet (it would say 0 for a moment).
+    if ctx.commands.wait_until_ready().await.is_ok() {
+        status.commands = Some(command_counts(&ctx, &ns, &name));
+    }
     let mut failure = None;
     for action in &plan.actions {
         tracing::debug!(?action, "apply");
@@ -226,6 +240,22 @@ fn track_prerequisites(
     if matches!(after.phase, Some(Phase::Ended | Phase::Failed)) {
         seen.remove(session);
     }
+}
+
+/// The session's commands: all, not finished, running (or being cancelled).
+fn command_counts(ctx: &Context, ns: &str, name: &str) -> CommandCounts {
+    let mut counts = CommandCounts { total: 0, unfinished: 0, running: 0 };
+    for c in ctx.commands.state().iter().filter(|c| c.namespace().as_deref() == Some(ns) && c.spec.sandbox == name) {
+        let phase = c.status.as_ref().and_then(|s| s.phase);
+        counts.total += 1;
+        if !phase.is_some_and(CommandPhase::is_final) {
+            counts.unfinished += 1;
+        }
+        if matches!(phase, Some(CommandPhase::Running | CommandPhase::Cancelling)) {
+            counts.running += 1;
+        }
+    }
+    counts
 }
 
 /// Records the instance and volume found by tag in the status.
