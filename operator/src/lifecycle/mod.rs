@@ -152,9 +152,10 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     let session = Session { sandbox: &sandbox, session_id: &session_id, namespace: &ns, name: &name };
     let mut status = plan.status.clone();
     status.session_id = Some(session_id.clone());
-    // Counted from the watch cache: never from a cache that has not
-    // listed yet (it would say 0 for a moment).
-    if ctx.commands.wait_until_ready().await.is_ok() {
+    // Counted from the watch cache, and only once it has listed (else it
+    // would say 0 for a moment). Never awaited here: the cache is fed by the
+    // same controller that runs this reconcile.
+    if matches!(futures::FutureExt::now_or_never(ctx.commands.wait_until_ready()), Some(Ok(()))) {
         status.commands = Some(command_counts(&ctx, &ns, &name));
     }
     let mut failure = None;
