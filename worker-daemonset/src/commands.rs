@@ -507,7 +507,13 @@ impl Runner {
             cwd: c.spec.working_dir.clone(),
             timeout_seconds: c.spec.timeout_seconds.max(1) as u64,
         };
-        self.link.send(&run).await?;
+        if let Err(e) = self.link.send(&run).await {
+            // Not delivered (a partial line is no message): forget the
+            // journal entry, so the next connection hands it over again
+            // instead of taking it for a command lost with its container.
+            let _ = std::fs::remove_file(self.journal_path(n));
+            return Err(e.into());
+        }
         Ok(())
     }
 
