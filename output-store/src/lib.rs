@@ -17,4 +17,4 @@ pub mod writer;
 
 pub use seal::{AttemptKey, OrgKey, SealError, random_bytes};
 pub use store::{Chunk, OutputStore, ReadError, Stream};
-pub use writer::{OutputWriter, WriteError};
+pub use writer::{OutputWriter, WriteError, resend_spooled};

@@ -5,7 +5,7 @@
 //! offset: nothing lost, nothing duplicated, offsets continuous.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
@@ -49,10 +49,10 @@ impl OutputWriter {
         attempt: u32,
         key: AttemptKey,
     ) -> Result<Self, WriteError> {
-        let spool = spool_root.join(session).join(format!("cmd-{command}"));
+        let spool = spool_dir(&spool_root, session, command);
         std::fs::create_dir_all(&spool).map_err(|source| WriteError::Spool { path: spool.clone(), source })?;
+        let spooled_end = resend_dir(&store, &spool, session, command).await?;
         let mut w = Self { store, spool, session: session.to_owned(), command, attempt, key, offset: 0 };
-        let spooled_end = w.flush_spool().await?;
         let stored_end = w.store.stored_end(&w.session, command).await?;
         w.offset = stored_end.max(spooled_end);
         Ok(w)
@@ -79,7 +79,7 @@ impl OutputWriter {
         let path = self.spool.join(&name);
         write_synced(&path, &sealed).map_err(|source| WriteError::Spool { path: path.clone(), source })?;
         self.offset += len;
-        self.upload(&name, Bytes::from(sealed)).await?;
+        upload(&self.store, &self.spool, &self.session, self.command, &name, Bytes::from(sealed)).await?;
         Ok(self.offset)
     }
 
@@ -107,32 +107,52 @@ impl OutputWriter {
         self.offset += bytes.len() as u64;
         Ok(self.offset)
     }
+}
 
-    async fn upload(&self, name: &str, sealed: Bytes) -> Result<(), WriteError> {
-        self.store.put(&self.session, self.command, name, sealed).await?;
-        let path = self.spool.join(name);
-        std::fs::remove_file(&path).map_err(|source| WriteError::Spool { path, source })
-    }
-
-    /// Uploads every spooled chunk; returns the end offset they reach.
-    async fn flush_spool(&self) -> Result<u64, WriteError> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.spool)
-            .map_err(|source| WriteError::Spool { path: self.spool.clone(), source })?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| parse_chunk_name(n).is_some())
-            .collect();
-        names.sort();
-        let mut end = 0;
-        for name in names {
-            let path = self.spool.join(&name);
-            let sealed = std::fs::read(&path).map_err(|source| WriteError::Spool { path: path.clone(), source })?;
-            let (offset, _, _) = parse_chunk_name(&name).expect("filtered");
-            end = end.max(offset + sealed.len() as u64 - 16);
-            tracing::info!(chunk = %name, "re-sending a spooled chunk");
-            self.upload(&name, Bytes::from(sealed)).await?;
+/// Uploads what a previous worker spooled but did not upload, for every
+/// command of `session` (at start, before any command is opened). The
+/// chunks are sent as they are: sealed already, no key needed.
+pub async fn resend_spooled(store: &OutputStore, spool_root: &Path, session: &str) -> Result<(), WriteError> {
+    let dir = spool_root.join(session);
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if let Some(command) = name.to_str().and_then(|n| n.strip_prefix("cmd-")).and_then(|n| n.parse().ok()) {
+            resend_dir(store, &e.path(), session, command).await?;
         }
-        Ok(end)
     }
+    Ok(())
+}
+
+fn spool_dir(spool_root: &Path, session: &str, command: u32) -> PathBuf {
+    spool_root.join(session).join(format!("cmd-{command}"))
+}
+
+/// Uploads every chunk spooled in `spool`; returns the end offset they reach.
+async fn resend_dir(store: &OutputStore, spool: &Path, session: &str, command: u32) -> Result<u64, WriteError> {
+    let mut names: Vec<String> = std::fs::read_dir(spool)
+        .map_err(|source| WriteError::Spool { path: spool.to_path_buf(), source })?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| parse_chunk_name(n).is_some())
+        .collect();
+    names.sort();
+    let mut end = 0;
+    for name in names {
+        let path = spool.join(&name);
+        let sealed = std::fs::read(&path).map_err(|source| WriteError::Spool { path: path.clone(), source })?;
+        let (offset, _, _) = parse_chunk_name(&name).expect("filtered");
+        end = end.max(offset + sealed.len() as u64 - 16);
+        tracing::info!(chunk = %name, "re-sending a spooled chunk");
+        upload(store, spool, session, command, &name, Bytes::from(sealed)).await?;
+    }
+    Ok(end)
+}
+
+/// Puts a sealed chunk in the store, then drops it from the spool.
+async fn upload(store: &OutputStore, spool: &Path, session: &str, command: u32, name: &str, sealed: Bytes) -> Result<(), WriteError> {
+    store.put(session, command, name, sealed).await?;
+    let path = spool.join(name);
+    std::fs::remove_file(&path).map_err(|source| WriteError::Spool { path, source })
 }
 
 fn write_synced(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -57,6 +57,9 @@ async fn a_chunk_spooled_before_a_crash_is_sent_once_after_restart() {
     drop(w); // the worker dies before the upload
     let keys = |_: u32| Some(key(&k));
     assert_eq!(concat(&store.read_after(SESSION, 2, 0, &keys).await.unwrap()), b"first ", "not uploaded yet");
+    // A restarted worker sends what is spooled before it opens anything.
+    hangar_output::resend_spooled(&store, &spool, SESSION).await.unwrap();
+    assert_eq!(concat(&store.read_after(SESSION, 2, 0, &keys).await.unwrap()), b"first second ");
 
     let mut w = OutputWriter::open(store.clone(), spool, SESSION, 2, 1, key(&k)).await.unwrap();
     assert_eq!(w.offset(), 13, "continues after the re-sent chunk");

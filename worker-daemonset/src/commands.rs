@@ -536,22 +536,9 @@ impl Runner {
 
     /// Sends chunks a previous worker spooled but did not upload.
     async fn flush_spool(&self) {
-        let dir = self.cfg.spool_root.join("output").join(&self.cfg.session_id);
-        let Ok(entries) = std::fs::read_dir(&dir) else { return };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let Some(n) = name.to_str().and_then(|n| n.strip_prefix("cmd-")).and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            if std::fs::read_dir(e.path()).map(|mut d| d.next().is_none()).unwrap_or(true) {
-                continue;
-            }
-            // Sealed chunks are re-sent as they are; the key is not used.
-            let key = AttemptKey::from_bytes(&[0; 32]).expect("32 bytes");
-            let out = self.cfg.spool_root.join("output");
-            if let Err(e) = OutputWriter::open(self.cfg.store.clone(), out, &self.cfg.session_id, n, 0, key).await {
-                tracing::warn!(command = n, error = %e, "re-sending spooled output");
-            }
+        let spool = self.cfg.spool_root.join("output");
+        if let Err(e) = hangar_output::resend_spooled(&self.cfg.store, &spool, &self.cfg.session_id).await {
+            tracing::warn!(error = %e, "re-sending spooled output");
         }
     }
 }
