@@ -37,42 +37,32 @@ impl OutputReader {
         Self { store, secrets, org, keys: Mutex::default(), poll: Duration::from_millis(20) }
     }
 
-    /// The keys of attempts 1..=`attempt`: cached, else from the Secrets.
-    async fn keys(&self, session_id: &str, attempt: i64) -> Result<HashMap<u32, [u8; 32]>, ApiError> {
-        let have = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
-        if (1..=attempt).all(|a| have.contains_key(&(a as u32))) {
-            return Ok(have);
-        }
-        let mut keys = have;
-        // Twice: the operator may seal a hand-off (and delete it) between
-        // our two reads.
+    /// Opens attempt `attempt`'s key from the Secrets and caches it: the
+    /// sealed entry, else the worker's hand-off not sealed yet. Read twice,
+    /// since the operator may seal a hand-off (and delete it) between the
+    /// two reads. `None`: no key exists (destroyed, or never made).
+    async fn fetch_key(&self, session_id: &str, attempt: u32) -> Result<Option<[u8; 32]>, ApiError> {
+        let a = i64::from(attempt);
         for _ in 0..2 {
-            if let Some(sealed) = self.secrets.get_opt(&output_keys::sealed_secret_name(session_id)).await? {
-                for (entry, value) in sealed.data.unwrap_or_default() {
-                    let Some(a) = entry.strip_prefix("attempt-").and_then(|a| a.parse::<i64>().ok()) else { continue };
-                    let key = self
-                        .org
-                        .unseal(&value.0, &output_keys::seal_context(session_id, a))
-                        .map_err(|e| ApiError::internal(format!("output key of attempt {a}: {e}")))?;
-                    if let Ok(k) = <[u8; 32]>::try_from(key.as_slice()) {
-                        keys.insert(a as u32, k);
-                    }
+            let sealed = self.secrets.get_opt(&output_keys::sealed_secret_name(session_id)).await?;
+            let entry = sealed.and_then(|s| s.data).and_then(|d| d.get(&output_keys::sealed_entry(a)).cloned());
+            let key = match entry {
+                Some(v) => Some(
+                    self.org
+                        .unseal(&v.0, &output_keys::seal_context(session_id, a))
+                        .map_err(|e| ApiError::internal(format!("output key of attempt {a}: {e}")))?,
+                ),
+                None => {
+                    let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(session_id, a)).await?;
+                    handoff.and_then(|s| s.data).and_then(|d| d.get(output_keys::HANDOFF_KEY).cloned()).map(|k| k.0)
                 }
-            }
-            let missing: Vec<i64> = (1..=attempt).filter(|a| !keys.contains_key(&(*a as u32))).collect();
-            for a in missing {
-                let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(session_id, a)).await?;
-                let raw = handoff.and_then(|s| s.data).and_then(|d| d.get(output_keys::HANDOFF_KEY).cloned());
-                if let Some(k) = raw.and_then(|k| <[u8; 32]>::try_from(k.0.as_slice()).ok()) {
-                    keys.insert(a as u32, k);
-                }
-            }
-            if (1..=attempt).all(|a| keys.contains_key(&(a as u32))) {
-                break;
+            };
+            if let Some(k) = key.and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok()) {
+                self.keys.lock().unwrap_or_else(|p| p.into_inner()).entry(session_id.to_owned()).or_default().insert(attempt, k);
+                return Ok(Some(k));
             }
         }
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(session_id.to_owned(), keys.clone());
-        Ok(keys)
+        Ok(None)
     }
 
     /// Forgets a session's keys (they were destroyed).
@@ -80,17 +70,28 @@ impl OutputReader {
         self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(session_id);
     }
 
-    /// The chunks past `after`; 410 once the keys are destroyed.
-    pub async fn read(&self, session_id: &str, attempt: i64, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
-        let keys = self.keys(session_id, attempt).await?;
-        let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k).expect("32-byte key"));
-        match self.store.read_after_at_most(session_id, number, after, MAX_RESPONSE_BYTES, &key).await {
-            Ok(chunks) => Ok(chunks),
-            Err(ReadError::Erased(a)) => Err(ApiError::new(
-                ErrorCode::SandboxOutputErased,
-                format!("the output of attempt {a} is erased: its retention ended and its key was destroyed"),
-            )),
-            Err(e) => Err(ApiError::internal(format!("output store: {e}"))),
+    /// The chunks past `after`; 410 once the keys are destroyed. Keys are
+    /// looked up only for the attempts the chunks belong to, and only when
+    /// not cached: a long-poll does no Secret reads once it has them.
+    pub async fn read(&self, session_id: &str, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
+        let mut fetched = Vec::new();
+        loop {
+            let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
+            let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k).expect("32-byte key"));
+            match self.store.read_after_at_most(session_id, number, after, MAX_RESPONSE_BYTES, &key).await {
+                Ok(chunks) => return Ok(chunks),
+                Err(ReadError::Erased(a)) if !fetched.contains(&a) => {
+                    fetched.push(a);
+                    self.fetch_key(session_id, a).await?;
+                }
+                Err(ReadError::Erased(a)) => {
+                    return Err(ApiError::new(
+                        ErrorCode::SandboxOutputErased,
+                        format!("the output of attempt {a} is erased: its retention ended and its key was destroyed"),
+                    ));
+                }
+                Err(e) => return Err(ApiError::internal(format!("output store: {e}"))),
+            }
         }
     }
 
@@ -104,7 +105,6 @@ impl OutputReader {
     pub async fn read_waiting<F, Fut>(
         &self,
         session_id: &str,
-        attempt: i64,
         number: u32,
         after: u64,
         wait: Duration,
@@ -119,7 +119,7 @@ impl OutputReader {
             // Final first: the worker stores all output before the final
             // status, so a read after seeing it misses nothing.
             let fin = is_final().await?;
-            let chunks = self.read(session_id, attempt, number, after).await?;
+            let chunks = self.read(session_id, number, after).await?;
             if !chunks.is_empty() || fin || Instant::now() >= deadline {
                 return Ok((chunks, fin));
             }

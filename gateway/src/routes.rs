@@ -181,12 +181,11 @@ async fn output(gw: &Gateway, session: &Sandbox, cid: &str, after: u64) -> Reply
     let Some(number) = cmd.status.as_ref().and_then(|s| s.number) else {
         return Ok((StatusCode::OK, output_body(&cmd, after, &[], false)));
     };
-    let attempt = session.status.as_ref().and_then(|s| s.attempt).unwrap_or(1);
     let wait = deadline.saturating_duration_since(std::time::Instant::now());
     let latest = std::sync::Mutex::new(cmd.clone());
     let (chunks, fin) = gw
         .output
-        .read_waiting(&sid, attempt, number as u32, after, wait, || async {
+        .read_waiting(&sid, number as u32, after, wait, || async {
             let c = command_of(gw, session, cid).await?;
             let fin = views::phase(&c).is_final();
             *latest.lock().unwrap_or_else(|p| p.into_inner()) = c;
