@@ -29,7 +29,8 @@ pub struct Context {
     /// Consecutive failed reconciles per `namespace/name`, for backoff.
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     pub numbering: crate::commands::NumberingState,
-    /// (session, attempt) whose output key is sealed: no need to look again.
+    /// (session, attempt) whose output key is settled (sealed, or an ended
+    /// attempt that never made one): no need to look again.
     pub sealed_output_keys: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
 }
 

@@ -15,7 +15,10 @@ use serde_json::json;
 use crate::context::Context;
 use crate::error::Result;
 
-/// Seals every hand-off of attempts `1..=attempt` not sealed yet.
+/// Seals every hand-off of attempts `1..=attempt` not settled yet. An
+/// earlier attempt with no hand-off is settled too: its instance stopped,
+/// so no worker can hand its key in any more, and it is not looked for on
+/// every later reconcile.
 pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Result<()> {
     let pending: Vec<i64> = (1..=attempt).filter(|a| !ctx.is_sealed(session_id, *a)).collect();
     if pending.is_empty() {
@@ -31,8 +34,13 @@ pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Res
     for a in pending {
         let handoff_name = output_keys::handoff_secret_name(session_id, a);
         if !has(a) {
-            let Some(handoff) = secrets.get_opt(&handoff_name).await? else { continue };
-            let Some(key) = handoff.data.as_ref().and_then(|d| d.get(HANDOFF_KEY)) else { continue };
+            let key = secrets.get_opt(&handoff_name).await?.and_then(|h| h.data).and_then(|d| d.get(HANDOFF_KEY).cloned());
+            let Some(key) = key else {
+                if a < attempt {
+                    ctx.mark_sealed(session_id, a);
+                }
+                continue;
+            };
             let entry = ctx.org_key.seal(&key.0, &output_keys::seal_context(session_id, a))?;
             let data = BTreeMap::from([(output_keys::sealed_entry(a), ByteString(entry))]);
             if exists {
