@@ -23,8 +23,7 @@ pub struct ControlPlane {
     // Field order is drop order: the apiserver stops before etcd, and the
     // directory goes last.
     apiserver: ChildProcess,
-    // Held for its Drop, which stops etcd.
-    _etcd: ChildProcess,
+    etcd: ChildProcess,
     pub kubeconfig: PathBuf,
     pub server: String,
     pub pki: Pki,
@@ -32,6 +31,12 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// `Err` with its log tail when etcd or the apiserver has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.etcd.check_alive()?;
+        self.apiserver.check_alive()
+    }
+
     /// Starts etcd and kube-apiserver in a fresh temporary directory and
     /// installs the CRDs.
     pub fn start() -> Result<Self> {
@@ -105,7 +110,7 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{port}");
         let kubeconfig = root.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &server, &pki)?;
-        let mut cp = Self { apiserver, _etcd: etcd, kubeconfig, server, pki, dir };
+        let mut cp = Self { apiserver, etcd, kubeconfig, server, pki, dir };
         cp.wait_ready(with_crds)?;
         tracing::info!(elapsed = ?started.elapsed(), server = %cp.server, "control plane ready, CRDs Established");
         Ok(cp)

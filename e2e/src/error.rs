@@ -12,10 +12,12 @@ pub enum HarnessError {
     Build { script: PathBuf, status: std::process::ExitStatus },
     #[error("certificate generation: {0}")]
     Pki(#[from] rcgen::Error),
-    #[error("{name} exited before it was ready ({status}); last log lines:\n{log_tail}")]
+    #[error("{name} exited ({status}); last log lines:\n{log_tail}")]
     Exited { name: String, status: std::process::ExitStatus, log_tail: String },
     #[error("{what} was not ready within {seconds}s; last log lines:\n{log_tail}")]
     NotReady { what: String, seconds: u64, log_tail: String },
+    #[error("{0} has not been started")]
+    NotStarted(&'static str),
     #[error("kube client: {0}")]
     Kube(#[from] kube::Error),
     #[error("kubeconfig: {0}")]

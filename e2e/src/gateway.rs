@@ -24,6 +24,11 @@ impl GatewayProcess {
         self.process.id()
     }
 
+    /// `Err` with its log tail when the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.process.check_alive()
+    }
+
     pub fn start(cp: &ControlPlane, output_dir: &std::path::Path) -> Result<Self> {
         let port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-gateway"));

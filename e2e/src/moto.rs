@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use crate::build::moto_server;
 use crate::error::Result;
-use crate::process::{ChildProcess, RunDir, free_port, http_get, wait_until};
+use crate::process::{ChildProcess, RunDir, free_port, http_get, http_request, wait_until};
 
 pub struct Moto {
-    // Held for its Drop, which stops moto.
-    _process: ChildProcess,
+    process: ChildProcess,
     pub port: u16,
     _dir: Option<RunDir>,
 }
@@ -34,11 +33,38 @@ impl Moto {
         wait_until("moto_server", &mut process, Duration::from_secs(60), || {
             http_get(port, "/moto-api/").is_ok_and(|(s, _)| s == 200)
         })?;
-        Ok(Self { _process: process, port, _dir: dir })
+        // moto loads each service's backend on its first call (EC2 took
+        // 38 s on a cold machine): wait until EC2 and S3 really answer, so
+        // nothing started after this meets a silent endpoint.
+        for service in ["ec2", "s3"] {
+            wait_until(&format!("moto_server {service}"), &mut process, Duration::from_secs(180), || {
+                service_answers(port, service)
+            })?;
+        }
+        Ok(Self { process, port, _dir: dir })
+    }
+
+    /// `Err` with its log tail when the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.process.check_alive()
     }
 
     /// The endpoint override for aws-sdk clients.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
+}
+
+/// One cheap read of `service` (EC2 DescribeRegions, S3 ListBuckets). moto
+/// routes a request by the service named in its credential scope and does
+/// not check the signature.
+fn service_answers(port: u16, service: &str) -> bool {
+    let auth = format!(
+        "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
+    );
+    let path = match service {
+        "ec2" => "/?Action=DescribeRegions&Version=2016-11-15",
+        _ => "/",
+    };
+    http_request(port, "GET", path, &[("Authorization", &auth)]).is_ok_and(|(status, _)| status == 200)
 }

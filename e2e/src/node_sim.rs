@@ -207,8 +207,7 @@ fn kill_marked(marker: &str) {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         let Ok(env) = std::fs::read(p.path().join("environ")) else { continue };
         if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
-            // SAFETY: signalling a process of this simulated node.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
@@ -327,13 +326,29 @@ fn start_supervisor(cfg: &SimConfig, node: &str, volume_id: &str, pod: &Pod) -> 
     if !mapped.iter().any(|a| a == "--workdir") {
         mapped.extend(["--workdir".to_owned(), cfg.volumes_dir.join(volume_id).display().to_string()]);
     }
-    let mut cmd = std::process::Command::new(&cfg.supervisor_bin);
+    let mut cmd = container_command(&cfg.supervisor_bin);
     cmd.args(&mapped).env("HANGAR_SIM_NODE", node).env("HANGAR_SIM_CONTAINER", node);
     tracing::info!(%node, "node simulator: starting the agent container's supervisor");
     let child =
         ChildProcess::spawn(&format!("supervisor {node}"), cmd, &cfg.log_dir.join(format!("supervisor-{node}.log")))?;
     write_pid(cfg, node, "supervisor", child.id());
     Ok(child)
+}
+
+/// The container's PID 1 in a PID namespace of its own, as in a real
+/// container: when it dies, however it dies, the kernel ends every process
+/// in the namespace, commands in their own process groups included
+/// (`--kill-child` ties the namespace to the `unshare` process the harness
+/// holds, which itself dies with the harness). Needs root; without it the
+/// supervisor runs as a plain child and relies on its own clean-up.
+fn container_command(supervisor: &std::path::Path) -> std::process::Command {
+    if nix::unistd::geteuid().is_root() {
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--kill-child", "--"]).arg(supervisor);
+        cmd
+    } else {
+        std::process::Command::new(supervisor)
+    }
 }
 
 /// Plays the kubelet for agent Pods on running simulated nodes.

@@ -97,6 +97,19 @@ impl OperatorProcess {
         self.restart()
     }
 
+    /// Waits until /readyz answers 200 (the organisation key loaded and EC2
+    /// described), failing early if the process exits.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let port = self.metrics_port;
+        let process = self.process.as_mut().ok_or(crate::error::HarnessError::NotStarted("hangar-operator"))?;
+        wait_until("hangar-operator /readyz", process, timeout, || http_get(port, "/readyz").is_ok_and(|(s, _)| s == 200))
+    }
+
+    /// `Err` with its log tail when the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.process.as_mut().ok_or(crate::error::HarnessError::NotStarted("hangar-operator"))?.check_alive()
+    }
+
     /// True once the process has exited (e.g. at an armed failpoint).
     pub fn has_exited(&mut self) -> bool {
         self.process.as_mut().is_none_or(|p| p.check_alive().is_err())

@@ -70,6 +70,16 @@ impl LocalStack {
         GatewayClient::new(&self.cp, self.gateway.port)
     }
 
+    /// `Err` naming the first part of the stack whose process has exited,
+    /// with its log tail.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.moto.check_alive()?;
+        self.webhook.check_alive()?;
+        self.gateway.check_alive()?;
+        self.operator.get_mut().unwrap_or_else(|p| p.into_inner()).check_alive()?;
+        self.cp.check_alive()
+    }
+
     pub fn operator(&self) -> MutexGuard<'_, OperatorProcess> {
         self.operator.lock().unwrap_or_else(|p| p.into_inner())
     }

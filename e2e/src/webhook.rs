@@ -18,7 +18,7 @@ use crate::process::{ChildProcess, free_port, port_open, wait_until};
 pub const CONFIGURATION: &str = "hangar-webhook";
 
 pub struct WebhookProcess {
-    _process: ChildProcess,
+    process: ChildProcess,
     pub port: u16,
 }
 
@@ -33,7 +33,12 @@ impl WebhookProcess {
             .env("RUST_LOG", "info");
         let mut process = ChildProcess::spawn("hangar-webhook", cmd, &cp.dir().join("webhook.log"))?;
         wait_until("hangar-webhook listening", &mut process, Duration::from_secs(30), || port_open(port))?;
-        Ok(Self { _process: process, port })
+        Ok(Self { process, port })
+    }
+
+    /// `Err` with its log tail when the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.process.check_alive()
     }
 
     /// Registers the webhook for Command creates (`kubectl apply`, so a

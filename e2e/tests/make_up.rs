@@ -70,9 +70,12 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     };
     // The operator and node simulator bring the example sessions up.
     wait_jsonpath(&["get", "sbx", "dev-box", "-o", "jsonpath={.status.phase}"], "running");
-    // The example command runs to a final status through webhook, operator,
-    // worker and supervisor (number 1).
-    wait_jsonpath(&["get", "sbxcmd", "dev-box-pytest", "-o", "jsonpath={.status.phase} {.status.number}"], "exited 1");
+    // The example command runs to success through webhook, operator,
+    // worker and supervisor (number 1, exit code 0).
+    wait_jsonpath(
+        &["get", "sbxcmd", "dev-box-hello", "-o", "jsonpath={.status.phase} {.status.number} {.status.exitCode}"],
+        "exited 1 0",
+    );
 
     // Ctrl-C: hangar-up stops everything it started, then exits 0.
     let names = ["etcd", "kube-apiserver", "moto_server", "hangar-webhook", "hangar-operator", "hangar-gateway"];

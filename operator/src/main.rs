@@ -63,12 +63,14 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         e.acquire().await;
     }
 
-    let org_key = load_org_key(&client, &settings).await?;
+    // Dependencies that are not answering yet (the apiserver, EC2) are
+    // waited for, never a reason to exit: /readyz says 503 meanwhile.
+    let org_key = until_ok("load the organisation key", || load_org_key(&client, &settings)).await;
     let ec2 = Ec2::new(settings.clone()).await;
     let instances = InstanceWatcher::default();
     // The first view of EC2 before any reconcile: a session must never be
     // judged "no instance" just because nothing has been described yet.
-    for i in ec2.describe_cluster_instances().await? {
+    for i in until_ok("describe the cluster's instances", || ec2.describe_cluster_instances()).await {
         instances.observe(i);
     }
     let (changes_tx, changes_rx) = tokio::sync::mpsc::channel(1024);
@@ -115,6 +117,22 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         None => controller.await,
     }
     Ok(())
+}
+
+/// Runs `step` until it succeeds, with exponential backoff (0.5 s … 30 s),
+/// logging each failure.
+async fn until_ok<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(what: &str, mut step: impl FnMut() -> F) -> T {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match step().await {
+            Ok(v) => return v,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not {what} yet; not ready");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
 }
 
 async fn sweep_loop(ec2: Ec2, client: kube::Client, system_namespace: String, every: Duration) {

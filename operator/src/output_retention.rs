@@ -15,25 +15,16 @@ use std::time::Duration;
 use hangar_crds::output_keys::{self, SESSION_ID_LABEL};
 use hangar_crds::{Sandbox, SandboxStatus};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::context::Context;
 use crate::error::Result;
+use hangar_core::retention::{ended_at, erase_after};
 
 pub const ERASE_AFTER: &str = "hangar.dev/erase-after";
-
-/// When the session ended: its last reset step's confirmation.
-pub fn ended_at(status: &SandboxStatus) -> Option<Timestamp> {
-    status.reset.iter().map(|r| r.confirmed_at.0).max()
-}
-
-/// `ended + days` (a day being `day_seconds` long).
-pub fn erase_after(ended: Timestamp, days: i64, day_seconds: u64) -> Timestamp {
-    ended + SignedDuration::from_secs(days.max(1) * day_seconds as i64)
-}
 
 /// For an ended session: write the deadline, or erase once it has passed.
 /// Returns how long until the deadline (None once erased).
@@ -124,21 +115,4 @@ pub async fn sweep(client: &kube::Client, system_namespace: &str) -> Result<Vec<
         }
     }
     Ok(erased)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_deadline_is_the_end_plus_the_retention_in_scaled_days() {
-        let ended: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
-        assert_eq!(erase_after(ended, 30, 86400).to_string(), "2026-12-30T10:00:00Z");
-        assert_eq!(erase_after(ended, 2, 1).to_string(), "2026-11-30T10:00:02Z", "a scaled clock: 1 s per day");
-        let status: SandboxStatus = serde_yaml::from_str(
-            "reset: [{step: a, confirmedAt: '2026-11-30T10:00:01Z'}, {step: b, confirmedAt: '2026-11-30T10:00:03Z'}]",
-        )
-        .unwrap();
-        assert_eq!(ended_at(&status).unwrap().to_string(), "2026-11-30T10:00:03Z");
-    }
 }

@@ -183,7 +183,11 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
             closed = Some((attempt, Timestamp::now()));
             tracing::info!(attempt, "workspace closed for the pause");
         }
-        renew(&leases, &config.node_name, &session_id, &ns, &name, attempt, closed).await?;
+        // An apiserver that does not answer now is tried again next tick;
+        // it is no reason to stop serving the session.
+        if let Err(e) = renew(&leases, &config.node_name, &session_id, &ns, &name, attempt, closed).await {
+            tracing::warn!(error = %e, "heartbeat not renewed; trying again");
+        }
     }
 }
 

@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use base64::Engine;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use tokio::net::UnixListener;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 
 use crate::protocol::{EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor};
@@ -107,14 +110,35 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
     if let Some(argv) = agent {
         tokio::spawn(run_agent(argv, cfg.clone(), outbox.clone()));
     }
+    let result = accept_loop(&listener, &cfg, &outbox, &running, &boot).await;
+    // However the supervisor ends (SIGTERM from the runtime, a failed
+    // listener), the commands it started end with it: nothing it ran may
+    // outlive it.
+    kill_all_groups(&running);
+    result
+}
+
+async fn accept_loop(listener: &UnixListener, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &Running, boot: &str) -> std::io::Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        };
         let (read, write) = stream.into_split();
-        let writer = tokio::spawn(deliver(write, outbox.clone(), boot.clone()));
+        let writer = tokio::spawn(deliver(write, outbox.clone(), boot.to_owned()));
         let mut lines = BufReader::new(read).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+        loop {
+            let line = tokio::select! {
+                line = lines.next_line() => line,
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+            };
+            let Ok(Some(line)) = line else { break };
             match serde_json::from_str::<ToSupervisor>(&line) {
-                Ok(msg) => handle(msg, &cfg, &outbox, &running),
+                Ok(msg) => handle(msg, cfg, outbox, running),
                 Err(e) => eprintln!("supervisor: bad message: {e}"),
             }
         }
@@ -189,13 +213,21 @@ fn end(running: &Running, id: Option<u32>, why: EndedBy, grace: Duration) {
     signal_groups(groups, grace);
 }
 
+/// SIGKILL to every process group this supervisor started.
+fn kill_all_groups(running: &Running) {
+    let groups: Vec<i32> = running.lock().expect("running").values().map(|(pgid, _)| *pgid).filter(|p| *p > 0).collect();
+    for pgid in groups {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
 fn signal_groups(groups: Vec<i32>, grace: Duration) {
     for pgid in groups {
-        // SAFETY: signalling a process group we created.
-        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        let group = Pid::from_raw(pgid);
+        let _ = killpg(group, Signal::SIGTERM);
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            let _ = killpg(group, Signal::SIGKILL);
         });
     }
 }
@@ -206,6 +238,14 @@ fn command(argv: &[String], env: &[(String, String)], cwd: &std::path::Path) -> 
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     // Its own process group, so a timeout or cancel ends its children too.
     cmd.as_std_mut().process_group(0);
+    // And it dies with the supervisor even when the supervisor is killed
+    // outright (a process group is not reached by the parent's death).
+    // The supervisor's runtime is single-threaded, so the forking thread
+    // (whose exit is what PDEATHSIG watches) lives as long as the process.
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.as_std_mut().pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+    }
     cmd
 }
 

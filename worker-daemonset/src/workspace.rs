@@ -21,8 +21,7 @@ impl Workspace {
     pub fn close(&self) -> io::Result<()> {
         sync_tree(&self.root)?;
         fs::write(self.root.join(".hangar/closed"), b"closed\n")?;
-        // SAFETY: sync(2) has no preconditions.
-        unsafe { libc::sync() };
+        nix::unistd::sync();
         Ok(())
     }
 }

@@ -28,7 +28,9 @@ fn run() -> hangar_e2e::Result<()> {
     let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?, true)?;
     eprintln!("hangar-up: control plane ready at {}; CRDs installed", cp.server);
     eprintln!("hangar-up: starting moto (EC2 + S3), the webhook, the operator, the gateway and the node simulator");
-    let stack = LocalStack::start(cp, StackOptions::default())?;
+    let mut stack = LocalStack::start(cp, StackOptions::default())?;
+    eprintln!("hangar-up: waiting for the operator to be ready (organisation key loaded, EC2 described)");
+    stack.operator().wait_ready(std::time::Duration::from_secs(180))?;
 
     println!();
     println!("hangar local stack is up. In another shell:");
@@ -54,14 +56,27 @@ fn run() -> hangar_e2e::Result<()> {
     let _ = std::io::stdout().flush();
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async {
+    // Until Ctrl-C or SIGTERM; a part of the stack that dies is reported
+    // (with its last log lines) and stops the rest.
+    let died = rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return None,
+                _ = term.recv() => return None,
+                _ = every.tick() => {
+                    if let Err(e) = stack.check_alive() {
+                        return Some(e);
+                    }
+                }
+            }
         }
     });
     eprintln!("hangar-up: stopping");
     drop(stack);
-    Ok(())
+    match died {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
 }

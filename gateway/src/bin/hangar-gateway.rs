@@ -74,11 +74,14 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
 /// The organisation key, which the operator creates: wait for it.
 async fn org_key(secrets: &Api<Secret>) -> Result<OrgKey, Box<dyn std::error::Error>> {
     loop {
-        if let Some(s) = secrets.get_opt("hangar-org-key").await? {
-            let bytes = s.data.and_then(|d| d.get("key").cloned()).ok_or("hangar-org-key has no key")?;
-            return Ok(OrgKey::from_bytes(&bytes.0)?);
+        match secrets.get_opt("hangar-org-key").await {
+            Ok(Some(s)) => {
+                let bytes = s.data.and_then(|d| d.get("key").cloned()).ok_or("hangar-org-key has no key")?;
+                return Ok(OrgKey::from_bytes(&bytes.0)?);
+            }
+            Ok(None) => tracing::info!("waiting for the operator to create the organisation key"),
+            Err(e) => tracing::warn!(error = %e, "could not read the organisation key yet; not serving"),
         }
-        tracing::info!("waiting for the operator to create the organisation key");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

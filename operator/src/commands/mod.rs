@@ -7,7 +7,6 @@
 //! worker starts a queued command the same way, so a command is either
 //! cancelled before it starts or started before it is cancelled, never both.
 
-pub mod numbering;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -113,7 +112,7 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
     // A fresh (quorum) list: it holds every number already given.
     let list = api.list(&ListParams::default().fields(&format!("spec.sandbox={sandbox}"))).await?.items;
     let by_name: HashMap<String, &Command> = list.iter().map(|c| (c.name_any(), c)).collect();
-    for (name, number) in numbering::assign(&list) {
+    for (name, number) in hangar_core::commands::numbering::assign(&list) {
         let c = by_name[&name];
         let now = Time(Timestamp::now());
         let mut status = json!({

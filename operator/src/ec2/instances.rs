@@ -11,30 +11,16 @@ use base64::Engine;
 use super::tags::{self, SessionTags};
 use super::{CallKind, Ec2, Ec2Error, Ec2ErrorKind};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InstanceState {
-    Pending,
-    Running,
-    Stopping,
-    Stopped,
-    ShuttingDown,
-    Terminated,
-}
+pub use hangar_core::session::instance::InstanceState;
 
-impl InstanceState {
-    fn from_sdk(s: Option<&InstanceStateName>) -> Self {
-        match s {
-            Some(InstanceStateName::Running) => Self::Running,
-            Some(InstanceStateName::Stopping) => Self::Stopping,
-            Some(InstanceStateName::Stopped) => Self::Stopped,
-            Some(InstanceStateName::ShuttingDown) => Self::ShuttingDown,
-            Some(InstanceStateName::Terminated) => Self::Terminated,
-            _ => Self::Pending,
-        }
-    }
-
-    pub fn is_gone(self) -> bool {
-        matches!(self, Self::ShuttingDown | Self::Terminated)
+fn state_from_sdk(s: Option<&InstanceStateName>) -> InstanceState {
+    match s {
+        Some(InstanceStateName::Running) => InstanceState::Running,
+        Some(InstanceStateName::Stopping) => InstanceState::Stopping,
+        Some(InstanceStateName::Stopped) => InstanceState::Stopped,
+        Some(InstanceStateName::ShuttingDown) => InstanceState::ShuttingDown,
+        Some(InstanceStateName::Terminated) => InstanceState::Terminated,
+        _ => InstanceState::Pending,
     }
 }
 
@@ -55,7 +41,7 @@ impl InstanceView {
     pub(crate) fn from_sdk(i: &Instance) -> Option<Self> {
         Some(Self {
             id: i.instance_id()?.to_owned(),
-            state: InstanceState::from_sdk(i.state().and_then(|s| s.name())),
+            state: state_from_sdk(i.state().and_then(|s| s.name())),
             instance_type: i.instance_type().map(|t| t.as_str().to_owned()).unwrap_or_default(),
             zone: i.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_owned(),
             session_id: tags::tag(i.tags(), tags::SESSION_ID).map(str::to_owned),
@@ -229,6 +215,6 @@ fn changed_state(changes: &[aws_sdk_ec2::types::InstanceStateChange], default: I
     changes
         .first()
         .and_then(|c| c.current_state())
-        .map(|s| InstanceState::from_sdk(s.name()))
+        .map(|s| state_from_sdk(s.name()))
         .unwrap_or(default)
 }

@@ -13,7 +13,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::observe::Observation;
-use super::phase::{self, Action};
+use hangar_core::session::ending::StopReason;
+use hangar_core::session::phase_machine::{self as phase, Action};
 use crate::context::Context;
 use crate::ec2::instances::{InstanceView, LaunchRequest};
 use crate::ec2::tags::SessionTags;
@@ -196,8 +197,8 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
     // A template that is not registered fails the session before any
     // instance exists.
     if agent_image(ctx, s.sandbox).await?.is_none() {
-        status.stop_reason =
-            Some(format!("template_not_found: {} is not a registered template", s.sandbox.spec.template.as_deref().unwrap_or("")));
+        let template = s.sandbox.spec.template.as_deref().unwrap_or("");
+        status.stop_reason = Some(StopReason::TemplateNotFound(format!("{template} is not a registered template")).text());
         status.phase = Some(hangar_crds::Phase::Stopping);
         return Ok(());
     }
@@ -256,8 +257,13 @@ pub fn record_instance(status: &mut SandboxStatus, view: &InstanceView) {
 }
 
 fn fail_launch(status: &mut SandboxStatus, e: &Ec2Error) {
-    let reason = if e.is(Ec2ErrorKind::InsufficientCapacity) { "insufficient_capacity" } else { "launch_failed" };
-    status.stop_reason = Some(format!("{reason}: {}: {}", e.code, e.message));
+    let detail = format!("{}: {}", e.code, e.message);
+    let reason = if e.is(Ec2ErrorKind::InsufficientCapacity) {
+        StopReason::InsufficientCapacity(detail)
+    } else {
+        StopReason::LaunchFailed(detail)
+    };
+    status.stop_reason = Some(reason.text());
     status.phase = Some(hangar_crds::Phase::Stopping);
 }
 

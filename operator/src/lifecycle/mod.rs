@@ -1,11 +1,10 @@
 //! The Sandbox lifecycle controller. Each reconcile is one pass of a
-//! pipeline: dereference (`observe`) → decide (`phase::plan`, pure) → apply
+//! pipeline: dereference (`observe`) → decide (`hangar_core::session::phase_machine::plan`, pure) → apply
 //! (`actions`) → update status (server-side apply) → events.
 
 pub mod actions;
 pub mod conditions;
 pub mod observe;
-pub mod phase;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +28,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL, instance_of_provider_id};
 use actions::{FIELD_MANAGER, Session};
+use hangar_core::session::phase_machine as phase;
 
 pub const FINALIZER: &str = "hangar.dev/session";
 

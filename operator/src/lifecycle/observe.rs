@@ -10,7 +10,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::phase::{AgentState, Desired, Observed, VolumeState, WorkerReport};
+use hangar_core::session::ending::StopReason;
+use hangar_core::session::phase_machine::{AgentState, Desired, Observed, VolumeState, WorkerReport};
 use crate::context::Context;
 use crate::ec2::instances::InstanceView;
 use crate::error::Result;
@@ -29,13 +30,13 @@ pub struct Observation {
 
 pub fn desired(sandbox: &Sandbox) -> Desired {
     if sandbox.metadata.deletion_timestamp.is_some() {
-        return Desired::End("deleted".into());
+        return Desired::End(StopReason::Deleted);
     }
     if sandbox.spec.revoke_all {
-        return Desired::End("revoke_all".into());
+        return Desired::End(StopReason::RevokeAll);
     }
     match sandbox.spec.state {
-        DesiredState::Ended => Desired::End("cancelled".into()),
+        DesiredState::Ended => Desired::End(StopReason::Cancelled),
         DesiredState::Paused => Desired::Pause,
         DesiredState::Running => Desired::Run,
     }

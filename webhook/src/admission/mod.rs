@@ -4,25 +4,7 @@
 pub mod commands;
 pub mod review;
 
-use hangar_crds::ErrorCode;
-
-/// A refusal: the contract's code and why. The message the client sees
-/// starts with the code.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub code: ErrorCode,
-    pub text: String,
-}
-
-impl Refusal {
-    pub fn new(code: ErrorCode, text: impl Into<String>) -> Self {
-        Self { code, text: text.into() }
-    }
-
-    pub fn message(&self) -> String {
-        self.code.message(&self.text)
-    }
-}
+pub use hangar_core::admission::Refusal;
 
 /// Errors that keep the webhook from deciding (the apiserver then applies
 /// the webhook's failure policy: refuse).

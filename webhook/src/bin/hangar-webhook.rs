@@ -45,12 +45,12 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let config = tls::server_config(&settings.tls_cert, &settings.tls_key)?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
-    let locks = std::sync::Arc::new(commands::SessionLocks::default());
-    tls::serve(listener, config, move |req| handle(client.clone(), locks.clone(), req)).await?;
+    let queues = std::sync::Arc::new(commands::SessionQueues::default());
+    tls::serve(listener, config, move |req| handle(client.clone(), queues.clone(), req)).await?;
     Ok(())
 }
 
-async fn handle(client: kube::Client, locks: std::sync::Arc<commands::SessionLocks>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+async fn handle(client: kube::Client, queues: std::sync::Arc<commands::SessionQueues>, req: Request<hyper::body::Incoming>) -> Response<Body> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::POST, "/validate/commands") => {
@@ -58,7 +58,7 @@ async fn handle(client: kube::Client, locks: std::sync::Arc<commands::SessionLoc
                 Ok(b) => b.to_bytes(),
                 Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
             };
-            match validate_command(&client, &locks, &body).await {
+            match validate_command(&client, &queues, &body).await {
                 Ok(answer) => json(StatusCode::OK, &answer),
                 // The apiserver applies failurePolicy (Fail): the create is refused.
                 Err(e) => {
@@ -71,7 +71,11 @@ async fn handle(client: kube::Client, locks: std::sync::Arc<commands::SessionLoc
     }
 }
 
-async fn validate_command(client: &kube::Client, locks: &commands::SessionLocks, body: &[u8]) -> Result<serde_json::Value, AdmissionError> {
+async fn validate_command(
+    client: &kube::Client,
+    queues: &commands::SessionQueues,
+    body: &[u8],
+) -> Result<serde_json::Value, std::sync::Arc<AdmissionError>> {
     let review: review::Review =
         serde_json::from_slice(body).map_err(|source| AdmissionError::Decode { kind: "AdmissionReview", source })?;
     let req = review.request;
@@ -82,7 +86,7 @@ async fn validate_command(client: &kube::Client, locks: &commands::SessionLocks,
     let command: Command = serde_json::from_value(object).map_err(|source| AdmissionError::Decode { kind: "Command", source })?;
     let ns = req.namespace.unwrap_or_default();
     let span = tracing::info_span!("admit_command", namespace = %ns, sandbox = %command.spec.sandbox);
-    let decision = tracing::Instrument::instrument(commands::admit(client, locks, &ns, &command, req.dry_run.unwrap_or(false)), span).await?;
+    let decision = tracing::Instrument::instrument(commands::admit(client, queues, &ns, &command, req.dry_run.unwrap_or(false)), span).await?;
     if let Err(r) = &decision {
         tracing::info!(code = r.code.as_str(), "refused");
     }

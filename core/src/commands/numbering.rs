@@ -5,10 +5,13 @@
 //! number once set.
 
 use hangar_crds::Command;
-use kube::ResourceExt;
 
 /// The numbers to give: every unnumbered command, oldest first, continuing
 /// after the highest number already given.
+fn name(c: &Command) -> String {
+    c.metadata.name.clone().unwrap_or_default()
+}
+
 pub fn assign(commands: &[Command]) -> Vec<(String, i64)> {
     let highest = commands.iter().filter_map(|c| c.status.as_ref()?.number).max().unwrap_or(0);
     let mut unnumbered: Vec<&Command> =
@@ -16,10 +19,10 @@ pub fn assign(commands: &[Command]) -> Vec<(String, i64)> {
     // creationTimestamp has one-second resolution: the name breaks ties, so
     // every pass over the same list gives the same answer.
     unnumbered.sort_by(|a, b| {
-        let key = |c: &Command| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.name_any());
+        let key = |c: &Command| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), name(c));
         key(a).cmp(&key(b))
     });
-    unnumbered.into_iter().zip(highest + 1..).map(|(c, n)| (c.name_any(), n)).collect()
+    unnumbered.into_iter().zip(highest + 1..).map(|(c, n)| (name(c), n)).collect()
 }
 
 #[cfg(test)]

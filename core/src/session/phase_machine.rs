@@ -1,7 +1,8 @@
 //! The session phase machine, as pure code: from what the operator observed
 //! (instance, node, worker heartbeat, agent Pod, key, commands) and the
 //! Sandbox's current status, it decides the next status and the side
-//! effects to make. No client here; `reconcile.rs` does the I/O.
+//! effects to make. No client here; the operator's `lifecycle/` does the
+//! I/O.
 //!
 //! launching → running → pausing → paused → resuming → running → stopping →
 //! ended, plus failed (ended before any instance existed) and
@@ -15,7 +16,9 @@ use hangar_crds::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::ec2::instances::InstanceState;
+use super::ending::{Outcome, StopReason};
+use super::instance::InstanceState;
+use super::reset::ResetStep;
 
 /// What the Sandbox's spec and metadata ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +26,7 @@ pub enum Desired {
     Run,
     Pause,
     /// End the session; the reason becomes `status.stopReason`.
-    End(String),
+    End(StopReason),
 }
 
 /// The worker's latest heartbeat, if it is fresh.
@@ -93,9 +96,6 @@ pub struct Plan {
     /// Look again after this long even if nothing is watched to change.
     pub requeue_after: Option<Duration>,
 }
-
-/// The reset steps, in the order they run. Each is confirmed by observation.
-pub const RESET_STEPS: [&str; 4] = ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"];
 
 pub fn plan(current: &SandboxStatus, obs: &Observed) -> Plan {
     let mut p = Plan { status: current.clone(), actions: vec![], events: vec![], requeue_after: None };
@@ -199,8 +199,8 @@ fn launching(p: &mut Plan, obs: &Observed) {
         None => p.actions.push(Action::Launch),
         Some(state) if state.is_gone() => {
             // Gone before it ever ran: nothing to recover on a launch.
-            p.status.outcome = Some("outcome_unknown".into());
-            return begin_stop(p, obs, "instance_lost");
+            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+            return begin_stop(p, obs, &StopReason::InstanceLost);
         }
         Some(state) => {
             match obs.volume {
@@ -229,8 +229,8 @@ fn running(p: &mut Plan, obs: &Observed) {
     if obs.mode == Mode::Agent {
         if let AgentState::Exited(code) = obs.agent {
             p.status.exit_code = Some(code);
-            p.status.outcome = Some("completed".into());
-            return begin_stop(p, obs, "agent_exited");
+            p.status.outcome = Some(Outcome::Completed.as_str().into());
+            return begin_stop(p, obs, &StopReason::AgentExited);
         }
     }
     if obs.desired == Desired::Pause && obs.mode == Mode::Commands {
@@ -264,9 +264,9 @@ fn pausing(p: &mut Plan, obs: &Observed) {
         Some(InstanceState::Stopping) => {}
         None | Some(InstanceState::ShuttingDown) | Some(InstanceState::Terminated) => {
             p.status.pause = Some(progress);
-            p.status.outcome = Some("outcome_unknown".into());
+            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
             end_attempt(p, AttemptEnd::HostLost, obs.now);
-            return begin_stop(p, obs, "instance_lost");
+            return begin_stop(p, obs, &StopReason::InstanceLost);
         }
         Some(_) => {
             let waited = Duration::from_secs((obs.now.as_second() - requested.as_second()).max(0) as u64);
@@ -302,8 +302,8 @@ fn paused(p: &mut Plan, obs: &Observed) {
         }
         Desired::Pause => {
             if obs.instance.is_none_or(|s| s.is_gone()) {
-                p.status.outcome = Some("outcome_unknown".into());
-                begin_stop(p, obs, "instance_lost");
+                p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+                begin_stop(p, obs, &StopReason::InstanceLost);
             }
         }
     }
@@ -327,8 +327,8 @@ fn resuming(p: &mut Plan, obs: &Observed) {
         }
         None | Some(InstanceState::ShuttingDown) | Some(InstanceState::Terminated) => {
             end_attempt(p, AttemptEnd::HostLost, obs.now);
-            p.status.outcome = Some("outcome_unknown".into());
-            begin_stop(p, obs, "instance_lost");
+            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+            begin_stop(p, obs, &StopReason::InstanceLost);
         }
         _ => {}
     }
@@ -343,16 +343,16 @@ pub fn start_failed(status: &mut SandboxStatus, now: Timestamp) {
     *status = p.status;
 }
 
-fn begin_stop(p: &mut Plan, obs: &Observed, reason: &str) {
+fn begin_stop(p: &mut Plan, obs: &Observed, reason: &StopReason) {
     if p.status.stop_reason.is_none() {
-        p.status.stop_reason = Some(reason.to_owned());
+        p.status.stop_reason = Some(reason.text());
     }
-    set_phase(p, Phase::Stopping, "Stopping", format!("ending the session ({reason}); running the reset"));
+    set_phase(p, Phase::Stopping, "Stopping", format!("ending the session ({}); running the reset", reason.code()));
     stopping(p, obs);
 }
 
-fn confirmed(status: &SandboxStatus, step: &str) -> bool {
-    status.reset.iter().any(|s| s.step == step)
+fn confirmed(status: &SandboxStatus, step: ResetStep) -> bool {
+    status.reset.iter().any(|s| s.step == step.as_str())
 }
 
 fn stopping(p: &mut Plan, obs: &Observed) {
@@ -360,23 +360,23 @@ fn stopping(p: &mut Plan, obs: &Observed) {
     if instance_gone || matches!(obs.instance, Some(InstanceState::ShuttingDown)) {
         end_attempt(p, AttemptEnd::SessionEnded, obs.now);
     }
-    for step in RESET_STEPS {
+    for step in ResetStep::ORDER {
         if confirmed(&p.status, step) {
             continue;
         }
-        if step == "terminate_instance" && obs.instance == Some(InstanceState::ShuttingDown) {
+        if step == ResetStep::TerminateInstance && obs.instance == Some(InstanceState::ShuttingDown) {
             // Termination is under way: wait for it rather than ask again.
             p.requeue_after = Some(Duration::from_secs(2));
             return;
         }
         let (done, action) = match step {
-            "cancel_queued_commands" => (obs.unfinished_commands == 0, Action::CancelQueuedCommands),
-            "terminate_instance" => (instance_gone, Action::TerminateInstance),
-            "delete_volume" => (obs.volume == VolumeState::Absent, Action::DeleteVolume),
-            _ => (!obs.key_present, Action::DestroyKey),
+            ResetStep::CancelQueuedCommands => (obs.unfinished_commands == 0, Action::CancelQueuedCommands),
+            ResetStep::TerminateInstance => (instance_gone, Action::TerminateInstance),
+            ResetStep::DeleteVolume => (obs.volume == VolumeState::Absent, Action::DeleteVolume),
+            ResetStep::DestroyKey => (!obs.key_present, Action::DestroyKey),
         };
         if done {
-            p.status.reset.push(ResetStepStatus { step: step.to_owned(), confirmed_at: ts(obs.now) });
+            p.status.reset.push(ResetStepStatus { step: step.as_str().to_owned(), confirmed_at: ts(obs.now) });
             continue;
         }
         // Steps run in order: the volume is deleted only once the instance
@@ -575,7 +575,7 @@ mod tests {
     #[test]
     fn reset_runs_its_steps_in_order_each_confirmed_by_observation() {
         let s = SandboxStatus { attempt: Some(1), instance_id: Some("i-1".into()), ..status(Phase::Running) };
-        let mut o = Observed { desired: Desired::End("cancelled".into()), unfinished_commands: 2, ..ready(0, 1) };
+        let mut o = Observed { desired: Desired::End(StopReason::Cancelled), unfinished_commands: 2, ..ready(0, 1) };
         let p = plan(&s, &o);
         assert_eq!(p.status.phase, Some(Phase::Stopping));
         assert_eq!(p.actions, vec![Action::CancelQueuedCommands]);
@@ -599,7 +599,7 @@ mod tests {
         assert!(p.actions.is_empty());
         assert_eq!(p.status.phase, Some(Phase::Ended));
         let steps: Vec<&str> = p.status.reset.iter().map(|s| s.step.as_str()).collect();
-        assert_eq!(steps, RESET_STEPS);
+        assert_eq!(steps, ResetStep::ORDER.map(ResetStep::as_str));
     }
 
     #[test]
@@ -609,7 +609,7 @@ mod tests {
             reset: vec![ResetStepStatus { step: "cancel_queued_commands".into(), confirmed_at: Time(at(0)) }],
             ..status(Phase::Stopping)
         };
-        let o = Observed { desired: Desired::End("cancelled".into()), instance: Some(InstanceState::ShuttingDown), ..obs(1) };
+        let o = Observed { desired: Desired::End(StopReason::Cancelled), instance: Some(InstanceState::ShuttingDown), ..obs(1) };
         let p = plan(&s, &o);
         assert!(p.actions.is_empty());
         assert_eq!(p.status.phase, Some(Phase::Stopping));
@@ -617,10 +617,11 @@ mod tests {
 
     #[test]
     fn ending_before_any_instance_is_failed() {
-        let o = Observed { desired: Desired::End("launch_failed".into()), volume: VolumeState::Absent, key_present: false, ..obs(0) };
+        let reason = StopReason::LaunchFailed("InvalidAMIID.NotFound: no such AMI".into());
+        let o = Observed { desired: Desired::End(reason), volume: VolumeState::Absent, key_present: false, ..obs(0) };
         let p = plan(&SandboxStatus::default(), &o);
         assert_eq!(p.status.phase, Some(Phase::Failed));
-        assert_eq!(p.status.stop_reason.as_deref(), Some("launch_failed"));
+        assert_eq!(p.status.stop_reason.as_deref(), Some("launch_failed: InvalidAMIID.NotFound: no such AMI"));
     }
 
     #[test]

@@ -1,0 +1,10 @@
+//! Idle (mode commands only): a session is idle when no command runs and no
+//! client attached in the last 30 s. The timer itself arrives with the
+//! session-over-time issue; these are the contract's numbers.
+
+/// An attach counts as activity for this long.
+pub const ATTACHED_FOR_SECONDS: i64 = 30;
+/// `idleTimeoutSeconds`: bounds and default.
+pub const MIN_TIMEOUT_SECONDS: i64 = 60;
+pub const MAX_TIMEOUT_SECONDS: i64 = 86_400;
+pub const DEFAULT_TIMEOUT_SECONDS: i64 = 900;

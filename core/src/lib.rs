@@ -1,0 +1,19 @@
+//! hangar-core: the contract's rules as pure functions over the API types.
+//! No Kubernetes client, no AWS SDK, no I/O: the operator, the webhook and
+//! the gateway call these, so they cannot disagree.
+//!
+//! - `session/`: the Sandbox phase machine and its plan (`phase_machine`),
+//!   the observed instance state (`instance`), the reset steps (`reset`),
+//!   how a session ends (`ending`: stop reasons, outcomes)
+//! - `commands/`: numbering (`numbering`) and the per-session limits
+//!   (`limits`)
+//! - `admission`: the decisions the admission webhook serves, with the
+//!   contract's error codes
+//! - `idle`, `hard_stop`, `retention`: the session's clocks
+
+pub mod admission;
+pub mod commands;
+pub mod hard_stop;
+pub mod idle;
+pub mod retention;
+pub mod session;

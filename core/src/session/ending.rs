@@ -1,0 +1,81 @@
+//! How a session ends: why it was stopped (`status.stopReason`) and its
+//! outcome (`status.outcome`).
+
+/// Why the session is ending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The Sandbox was deleted.
+    Deleted,
+    /// `spec.revokeAll` was set.
+    RevokeAll,
+    /// `spec.state: Ended`.
+    Cancelled,
+    /// Mode agent: the agent's process exited.
+    AgentExited,
+    /// The instance was terminated or vanished under the session.
+    InstanceLost,
+    /// No instance could be launched (capacity in every type and zone).
+    InsufficientCapacity(String),
+    /// EC2 refused the launch for another reason.
+    LaunchFailed(String),
+    /// `spec.template` names no registered template.
+    TemplateNotFound(String),
+}
+
+impl StopReason {
+    /// The code at the start of `status.stopReason`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Deleted => "deleted",
+            Self::RevokeAll => "revoke_all",
+            Self::Cancelled => "cancelled",
+            Self::AgentExited => "agent_exited",
+            Self::InstanceLost => "instance_lost",
+            Self::InsufficientCapacity(_) => "insufficient_capacity",
+            Self::LaunchFailed(_) => "launch_failed",
+            Self::TemplateNotFound(_) => "template_not_found",
+        }
+    }
+
+    /// `status.stopReason`: the code, then the detail when there is one.
+    pub fn text(&self) -> String {
+        match self {
+            Self::InsufficientCapacity(d) | Self::LaunchFailed(d) | Self::TemplateNotFound(d) => {
+                format!("{}: {d}", self.code())
+            }
+            _ => self.code().to_owned(),
+        }
+    }
+}
+
+/// The session's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The agent ran to its end (mode agent).
+    Completed,
+    /// What happened inside cannot be known (the instance was lost).
+    OutcomeUnknown,
+}
+
+impl Outcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_reason_starts_with_its_code() {
+        assert_eq!(StopReason::Cancelled.text(), "cancelled");
+        assert_eq!(
+            StopReason::InsufficientCapacity("InsufficientInstanceCapacity: none left".into()).text(),
+            "insufficient_capacity: InsufficientInstanceCapacity: none left"
+        );
+    }
+}

@@ -1,0 +1,6 @@
+//! The session: its phases, the instance it runs on, how it ends.
+
+pub mod ending;
+pub mod instance;
+pub mod phase_machine;
+pub mod reset;
