@@ -7,7 +7,7 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use hangar_crds::{Command, ErrorCode, Sandbox};
-use hangar_webhook::tls::Body;
+use hangar_runtime::https::{Body, RequestBody};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode};
 use k8s_openapi::jiff::Timestamp;
@@ -38,7 +38,7 @@ pub struct Gateway {
 
 type Reply = Result<(StatusCode, Value), ApiError>;
 
-pub async fn handle(gw: Arc<Gateway>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Body> {
     let started = std::time::Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let reply = route(&gw, req).await;
@@ -53,7 +53,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<hyper::body::Incoming>) -> Re
     r
 }
 
-async fn route(gw: &Gateway, req: Request<hyper::body::Incoming>) -> Reply {
+async fn route(gw: &Gateway, req: Request<RequestBody>) -> Reply {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
@@ -117,7 +117,7 @@ async fn route(gw: &Gateway, req: Request<hyper::body::Incoming>) -> Reply {
     }
 }
 
-async fn read_body(req: Request<hyper::body::Incoming>) -> Result<Bytes, ApiError> {
+async fn read_body(req: Request<RequestBody>) -> Result<Bytes, ApiError> {
     Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await

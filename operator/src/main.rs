@@ -13,6 +13,7 @@ use hangar_operator::ec2::watcher::InstanceWatcher;
 use hangar_operator::keys::{OrgKey, b64};
 use hangar_operator::settings::Settings;
 use hangar_operator::{ec2, leader, lifecycle, serve};
+use hangar_runtime::retry::until_ok;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -27,14 +28,7 @@ async fn main() -> ExitCode {
         println!("{settings:#?}");
         return ExitCode::SUCCESS;
     }
-    // kube's rustls uses ring; the AWS SDK also links aws-lc-rs. Pick one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    hangar_runtime::telemetry::init();
     match run(settings).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -117,22 +111,6 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         None => controller.await,
     }
     Ok(())
-}
-
-/// Runs `step` until it succeeds, with exponential backoff (0.5 s … 30 s),
-/// logging each failure.
-async fn until_ok<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(what: &str, mut step: impl FnMut() -> F) -> T {
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match step().await {
-            Ok(v) => return v,
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not {what} yet; not ready");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
-        }
-    }
 }
 
 async fn sweep_loop(ec2: Ec2, client: kube::Client, system_namespace: String, every: Duration) {

@@ -3,17 +3,8 @@
 //!
 //! - `admission/`: AdmissionReview in and out (`review`), and one module per
 //!   kind with its rules (`commands`): each splits into a pure decision,
-//!   unit-tested, and the reads it needs;
-//! - `tls`: the HTTPS listener (shared with the gateway).
+//!   unit-tested in `hangar-core`, and the reads it needs.
+//!
+//! The HTTPS listener is `hangar_runtime::https`.
 
 pub mod admission;
-pub mod tls;
-
-/// What every hangar HTTPS server does first: structured logs filtered by
-/// `RUST_LOG` (default info), and ring as the one TLS crypto provider (the
-/// workspace also links aws-lc-rs, so rustls cannot pick by itself).
-pub fn init_process() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}

@@ -27,7 +27,8 @@ use hangar_output::{AttemptKey, OutputStore, OutputWriter, Stream};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use hangar_runtime::kube_ext::{Swap, swap_status};
+use kube::api::Api;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -369,17 +370,18 @@ impl Runner {
     /// False when someone else changed it first (or the change would leave
     /// a final status, which the CRD refuses).
     async fn cas(&mut self, cmd: &Command, status: Value) -> Result<bool, RunnerError> {
-        let patch = json!({
-            "metadata": {"resourceVersion": cmd.resource_version()},
-            "status": status,
-        });
-        match self.api.patch_status(&cmd.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(updated) => {
+        match swap_status(&self.api, cmd, status).await? {
+            Swap::Swapped(updated) => {
                 self.observe(updated);
                 Ok(true)
             }
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => Ok(false),
-            Err(e) => Err(e.into()),
+            Swap::LostRace => Ok(false),
+            Swap::Refused(e) => {
+                // Reading again shows why (e.g. already final); anything
+                // else stays unsettled and is reported by the caller.
+                tracing::info!(command = %cmd.name_any(), reason = %e.message, "status change refused");
+                Ok(false)
+            }
         }
     }
 

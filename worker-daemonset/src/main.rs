@@ -81,14 +81,7 @@ impl Config {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    // Workspace builds unify rustls features (ring and aws-lc-rs): choose.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    hangar_runtime::telemetry::init();
     let result = async {
         let config = Config::from_env()?;
         let client = Client::try_default().await?;

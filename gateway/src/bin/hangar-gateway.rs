@@ -41,7 +41,7 @@ struct Settings {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    hangar_webhook::init_process();
+    hangar_runtime::telemetry::init();
     match run(Settings::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -64,10 +64,12 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
         long_poll: Duration::from_secs(settings.long_poll_seconds),
         client,
     });
-    let config = hangar_webhook::tls::server_config(&settings.tls_cert, &settings.tls_key)?;
+    let config = hangar_runtime::https::server_config(&settings.tls_cert, &settings.tls_key)?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "gateway serving");
-    hangar_webhook::tls::serve(listener, config, move |req| routes::handle(gw.clone(), req)).await?;
+    let limits = hangar_runtime::https::Limits::default();
+    let shutdown = hangar_runtime::https::shutdown_signal();
+    hangar_runtime::https::serve(listener, config, limits, shutdown, move |req| routes::handle(gw.clone(), req)).await;
     Ok(())
 }
 

@@ -17,11 +17,13 @@ use hangar_crds::{Command, CommandPhase, Sandbox, job_id};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tracing::{Instrument, info_span, warn};
+
+use hangar_runtime::kube_ext::{Swap, swap_status};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -148,13 +150,15 @@ async fn cancel_queued(api: &Api<Command>, command: &Command) -> Result<()> {
 }
 
 /// Merge-patches the status if the object is still at `command`'s version.
-/// False when it changed meanwhile, or when the change would leave a final
-/// status (the CRD refuses that).
+/// False when it changed meanwhile (the next pass sees the new version) or
+/// when the apiserver refused the change (a final status never changes).
 pub async fn cas(api: &Api<Command>, command: &Command, status: Value) -> Result<bool> {
-    let patch = json!({"metadata": {"resourceVersion": command.resource_version()}, "status": status});
-    match api.patch_status(&command.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => Ok(false),
-        Err(e) => Err(e.into()),
+    match swap_status(api, command, status).await? {
+        Swap::Swapped(_) => Ok(true),
+        Swap::LostRace => Ok(false),
+        Swap::Refused(e) => {
+            tracing::info!(command = %command.name_any(), reason = %e.message, "status change refused");
+            Ok(false)
+        }
     }
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use clap::Parser;
 use hangar_crds::Command;
 use hangar_webhook::admission::{AdmissionError, commands, review};
-use hangar_webhook::tls::{self, Body};
+use hangar_runtime::https::{self, Body, RequestBody};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
 
@@ -29,7 +29,7 @@ struct Settings {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    hangar_webhook::init_process();
+    hangar_runtime::telemetry::init();
     let settings = Settings::parse();
     match run(settings).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -42,20 +42,26 @@ async fn main() -> ExitCode {
 
 async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
-    let config = tls::server_config(&settings.tls_cert, &settings.tls_key)?;
+    let config = https::server_config(&settings.tls_cert, &settings.tls_key)?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
     let queues = std::sync::Arc::new(commands::SessionQueues::default());
-    tls::serve(listener, config, move |req| handle(client.clone(), queues.clone(), req)).await?;
+    https::serve(listener, config, https::Limits::default(), https::shutdown_signal(), move |req| {
+        handle(client.clone(), queues.clone(), req)
+    })
+    .await;
     Ok(())
 }
 
-async fn handle(client: kube::Client, queues: std::sync::Arc<commands::SessionQueues>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+async fn handle(client: kube::Client, queues: std::sync::Arc<commands::SessionQueues>, req: Request<RequestBody>) -> Response<Body> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::POST, "/validate/commands") => {
             let body = match req.into_body().collect().await {
                 Ok(b) => b.to_bytes(),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+                }
                 Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
             };
             match validate_command(&client, &queues, &body).await {

@@ -1,0 +1,71 @@
+//! Small helpers over kube's errors and writes, so every binary reads an
+//! apiserver answer the same way.
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::Status;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// HTTP status of an apiserver refusal, if `e` is one.
+pub fn status_of(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+pub fn is_not_found(e: &kube::Error) -> bool {
+    status_of(e) == Some(404)
+}
+
+pub fn is_already_exists(e: &kube::Error) -> bool {
+    status_of(e) == Some(409)
+}
+
+/// A missing object is not an error (a delete that already happened).
+pub fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A create that finds the object already there is not an error (someone,
+/// perhaps an earlier run of ourselves, made it first).
+pub fn ignore_already_exists<T>(r: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if is_already_exists(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a compare-and-swap of a status came to.
+#[derive(Debug)]
+pub enum Swap<K> {
+    /// Written; the object as it now is.
+    Swapped(K),
+    /// The object changed since it was read (409): read it again and decide
+    /// again.
+    LostRace,
+    /// The apiserver refused the new status itself (422: a CEL rule, e.g. a
+    /// final status may not change): reading again will not help.
+    Refused(Box<Status>),
+}
+
+/// Merge-patches `status` onto `obj` only if it is still at the version
+/// that was read.
+pub async fn swap_status<K>(api: &Api<K>, obj: &K, status: Value) -> Result<Swap<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": status});
+    match api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(updated) => Ok(Swap::Swapped(updated)),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Swap::LostRace),
+        Err(kube::Error::Api(e)) if e.code == 422 => Ok(Swap::Refused(e)),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,17 @@
+//! hangar-runtime: the plumbing every hangar binary shares, so the binaries
+//! stay thin and do it one way.
+//!
+//! - `telemetry`: structured logs (tracing) and the process's one TLS
+//!   crypto provider
+//! - `https`: the TLS server every credential-carrying listener uses
+//!   (handshake timeout, connection cap, request-body limit, graceful
+//!   shutdown)
+//! - `retry`: waiting for a dependency that is not answering yet, with
+//!   backoff, instead of exiting
+//! - `kube_ext`: ignore-not-found / already-exists, and the typed
+//!   compare-and-swap status patch
+
+pub mod https;
+pub mod kube_ext;
+pub mod retry;
+pub mod telemetry;
