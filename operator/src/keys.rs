@@ -1,19 +1,14 @@
-//! Session keys: 64 random bytes per session (the workspace encryption
-//! key), sealed under the organisation key (`hangar_output::OrgKey`) and
-//! kept in a Secret in the operator's namespace. Destroying the Secret
-//! destroys the key: the sealed bytes alone open nothing.
+//! Session keys in the cluster: each session's 64-byte workspace key
+//! (`hangar_keys::session`), sealed under the organisation key and kept in
+//! a Secret in the operator's namespace. Destroying the Secret destroys
+//! the key: the sealed bytes alone open nothing.
 
 use base64::Engine;
 
-pub use hangar_output::OrgKey;
+pub use hangar_keys::OrgKey;
 /// Making, sealing or opening a key failed.
-pub use hangar_output::SealError as KeyError;
-
-pub const SESSION_KEY_LEN: usize = 64;
-
-pub fn new_session_key() -> Result<[u8; SESSION_KEY_LEN], KeyError> {
-    hangar_output::random_bytes()
-}
+pub use hangar_keys::SealError as KeyError;
+pub use hangar_keys::session::{SESSION_KEY_LEN, new_session_key};
 
 pub fn secret_name(session_id: &str) -> String {
     format!("hangar-session-key-{session_id}")

@@ -4,17 +4,17 @@
 //! an object store (a local directory by default, S3 in production). Nothing
 //! here talks to Kubernetes.
 //!
-//! - `seal`: AES-256-GCM per chunk, the nonce derived from (command, offset)
-//!   so a chunk sent twice is byte-identical (idempotent re-sends);
+//! - chunks are sealed by `hangar_keys::AttemptKey`: AES-256-GCM, the nonce
+//!   derived from (command, offset), so a chunk sent twice is
+//!   byte-identical (idempotent re-sends);
 //! - `store`: object names and the reader (`read_after`);
 //! - `writer`: the worker side, which spools each sealed chunk to local disk
 //!   before uploading it, so a chunk survives a worker restart and is sent
 //!   again, with offsets continuous and nothing lost or duplicated.
 
-pub mod seal;
 pub mod store;
 pub mod writer;
 
-pub use seal::{AttemptKey, OrgKey, SealError, random_bytes};
+pub use hangar_keys::{AttemptKey, OrgKey, SealError, random_bytes};
 pub use store::{Chunk, OutputStore, ReadError, Stream};
 pub use writer::{OutputWriter, WriteError, resend_spooled};

@@ -11,7 +11,7 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::seal::{AttemptKey, SealError};
+use hangar_keys::{AttemptKey, SealError};
 
 const TAG_LEN: u64 = 16;
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use crate::seal::{AttemptKey, SealError};
+use hangar_keys::{AttemptKey, SealError};
 use crate::store::{OutputStore, Stream, aad, chunk_name, parse_chunk_name};
 
 #[derive(Debug, thiserror::Error)]

@@ -124,5 +124,5 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// For backoff jitter; a failed random source only removes the jitter.
 pub(crate) fn random_u64() -> u64 {
-    u64::from_le_bytes(hangar_output::random_bytes().unwrap_or_default())
+    u64::from_le_bytes(hangar_keys::random_bytes().unwrap_or_default())
 }

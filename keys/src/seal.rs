@@ -5,8 +5,7 @@
 //!   sealed twice is byte-identical, so re-sends are idempotent.
 //! - `OrgKey` (the organisation key) seals other keys: session workspace
 //!   keys and attempt output keys, with a random nonce stored in front and
-//!   the owner (session, attempt) as associated data. It lives here because
-//!   every reader of output needs it to open the attempt keys.
+//!   the owner (session, attempt) as associated data.
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};

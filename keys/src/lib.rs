@@ -1,0 +1,11 @@
+//! hangar-keys: every key hangar makes and how it is sealed. No I/O: where
+//! a key is kept (a Secret, a file on the node) is the caller's business.
+//!
+//! - `seal`: the organisation key ([`OrgKey`]), which seals other keys;
+//!   the attempt key ([`AttemptKey`]), which seals command output chunks
+//! - `session`: the 64-byte workspace key made for each session
+
+pub mod seal;
+pub mod session;
+
+pub use seal::{AttemptKey, OrgKey, SealError, random_bytes};
