@@ -1,12 +1,18 @@
-//! The node side of a session: the worker (node-scoped, holds the
-//! credentials) and the in-sandbox supervisor (the agent container's
-//! entrypoint, holds none), which talk over a Unix socket in the JSON-lines
-//! protocol of `protocol`. The worker's parts: `commands` (the runner),
-//! `supervisor_link`, `attempt_key`, `workspace`.
+//! hangar-worker: the node side of a session that holds the credentials
+//! (the binary in `main.rs`: heartbeat, workspace, the command runner).
+//! It talks to the in-sandbox supervisor (crate `hangar-supervisor`, which
+//! holds none) over a Unix socket, in the JSON-lines messages of
+//! `hangar_supervisor_protocol`; it does not link the supervisor.
+//!
+//! - `commands`: the command runner; `commands::plan` holds its decisions
+//!   (no I/O), `commands::journal` the hand-over journal on the node, and
+//!   `commands` itself the I/O (Command watch, supervisor link, output
+//!   writes, compare-and-swap status patches);
+//! - `supervisor_link`: the worker's end of the supervisor socket;
+//! - `attempt_key`: the key an attempt's output is sealed under;
+//! - `workspace`: opening and closing `/workspace`.
 
 pub mod attempt_key;
 pub mod commands;
-pub mod protocol;
-pub mod supervisor;
 pub mod supervisor_link;
 pub mod workspace;

@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{Mutex, mpsc};
 
-use crate::protocol::{Hello, Sequenced, ToSupervisor};
+use hangar_supervisor_protocol::{Hello, Sequenced, ToSupervisor};
 
 #[derive(Debug)]
 pub enum Incoming {

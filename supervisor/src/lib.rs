@@ -1,10 +1,18 @@
-//! The in-sandbox supervisor: PID 1 of the agent container. It runs the
-//! commands the worker hands it (argv, env, working directory), captures
-//! stdout and stderr as marked chunks, enforces timeouts (SIGTERM, then
-//! SIGKILL after a grace), cancels on request and reports exit codes. It
-//! holds no credentials and talks only to the worker, over a Unix socket.
-//! Messages stay in an outbox until the worker acknowledges them, so a
-//! worker restart (even a kill -9 with messages in the socket) loses none.
+//! hangar-supervisor: the in-sandbox supervisor, PID 1 of the agent
+//! container (the binary in `main.rs`; this library is its whole logic, so
+//! the tests can drive it). It runs the commands the worker hands it (argv,
+//! env, working directory), captures stdout and stderr as marked chunks,
+//! enforces timeouts (SIGTERM, then SIGKILL after a grace), cancels on
+//! request and reports exit codes, in the messages of
+//! `hangar_supervisor_protocol`. Nothing it ran outlives it: each command
+//! gets PR_SET_PDEATHSIG, and every process group it started is killed when
+//! it ends (SIGTERM, SIGINT or a listener error).
+//!
+//! It holds no credentials and talks only to the worker, over a Unix socket;
+//! the crate depends on no Kubernetes or cloud client, so the binary cannot
+//! link one. Messages stay in an outbox until the worker acknowledges them,
+//! so a worker restart (even a kill -9 with messages in the socket) loses
+//! none.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -14,14 +22,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use hangar_supervisor_protocol::{
+    EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor,
+};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
-
-use crate::protocol::{EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor};
 
 pub struct Config {
     pub socket: PathBuf,
@@ -93,7 +102,10 @@ impl Outbox {
     /// The first unacknowledged message after `cursor`.
     fn after(&self, cursor: u64) -> Option<Sequenced> {
         let st = self.state.lock().expect("outbox");
-        st.queue.iter().find(|(m, _)| m.seq > cursor).map(|(m, _)| m.clone())
+        st.queue
+            .iter()
+            .find(|(m, _)| m.seq > cursor)
+            .map(|(m, _)| m.clone())
     }
 }
 
@@ -106,7 +118,14 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
     let outbox = Arc::new(Outbox::default());
     let running: Running = Arc::default();
     let cfg = Arc::new(cfg);
-    let boot = format!("{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    let boot = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
     if let Some(argv) = agent {
         tokio::spawn(run_agent(argv, cfg.clone(), outbox.clone()));
     }
@@ -118,7 +137,13 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
     result
 }
 
-async fn accept_loop(listener: &UnixListener, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &Running, boot: &str) -> std::io::Result<()> {
+async fn accept_loop(
+    listener: &UnixListener,
+    cfg: &Arc<Config>,
+    outbox: &Arc<Outbox>,
+    running: &Running,
+    boot: &str,
+) -> std::io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     loop {
@@ -151,9 +176,19 @@ async fn accept_loop(listener: &UnixListener, cfg: &Arc<Config>, outbox: &Arc<Ou
 /// Writes the hello, then every unacknowledged message in order, then new
 /// ones as they come.
 async fn deliver(mut write: tokio::net::unix::OwnedWriteHalf, outbox: Arc<Outbox>, boot: String) {
-    let mut known: Vec<u32> = outbox.state.lock().expect("outbox").known.iter().copied().collect();
+    let mut known: Vec<u32> = outbox
+        .state
+        .lock()
+        .expect("outbox")
+        .known
+        .iter()
+        .copied()
+        .collect();
     known.sort_unstable();
-    if write_line(&mut write, &Hello { boot, known }).await.is_err() {
+    if write_line(&mut write, &Hello { boot, known })
+        .await
+        .is_err()
+    {
         return;
     }
     let mut cursor = 0;
@@ -171,7 +206,10 @@ async fn deliver(mut write: tokio::net::unix::OwnedWriteHalf, outbox: Arc<Outbox
     }
 }
 
-async fn write_line(write: &mut tokio::net::unix::OwnedWriteHalf, m: &impl serde::Serialize) -> std::io::Result<()> {
+async fn write_line(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    m: &impl serde::Serialize,
+) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(m).expect("serialisable");
     line.push(b'\n');
     write.write_all(&line).await
@@ -179,7 +217,13 @@ async fn write_line(write: &mut tokio::net::unix::OwnedWriteHalf, m: &impl serde
 
 fn handle(msg: ToSupervisor, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &Running) {
     match msg {
-        ToSupervisor::Run { id, argv, env, cwd, timeout_seconds } => {
+        ToSupervisor::Run {
+            id,
+            argv,
+            env,
+            cwd,
+            timeout_seconds,
+        } => {
             // At most once per id: a worker that restarted may ask again.
             if !outbox.state.lock().expect("outbox").known.insert(id) {
                 return;
@@ -187,7 +231,16 @@ fn handle(msg: ToSupervisor, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &
             // Registered before the task starts, so a KillAll or Cancel that
             // arrives right behind the Run still reaches this command.
             running.lock().expect("running").insert(id, (0, None));
-            tokio::spawn(run_command(id, argv, env, cwd, timeout_seconds, cfg.clone(), outbox.clone(), running.clone()));
+            tokio::spawn(run_command(
+                id,
+                argv,
+                env,
+                cwd,
+                timeout_seconds,
+                cfg.clone(),
+                outbox.clone(),
+                running.clone(),
+            ));
         }
         ToSupervisor::Cancel { id } => end(running, Some(id), EndedBy::Cancel, cfg.grace),
         ToSupervisor::KillAll => end(running, None, EndedBy::KillAll, cfg.grace),
@@ -215,7 +268,13 @@ fn end(running: &Running, id: Option<u32>, why: EndedBy, grace: Duration) {
 
 /// SIGKILL to every process group this supervisor started.
 fn kill_all_groups(running: &Running) {
-    let groups: Vec<i32> = running.lock().expect("running").values().map(|(pgid, _)| *pgid).filter(|p| *p > 0).collect();
+    let groups: Vec<i32> = running
+        .lock()
+        .expect("running")
+        .values()
+        .map(|(pgid, _)| *pgid)
+        .filter(|p| *p > 0)
+        .collect();
     for pgid in groups {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
@@ -232,21 +291,40 @@ fn signal_groups(groups: Vec<i32>, grace: Duration) {
     }
 }
 
-fn command(argv: &[String], env: &[(String, String)], cwd: &std::path::Path) -> tokio::process::Command {
+fn command(
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &std::path::Path,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..]).envs(env.iter().cloned()).current_dir(cwd);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    cmd.args(&argv[1..])
+        .envs(env.iter().cloned())
+        .current_dir(cwd);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
     // Its own process group, so a timeout or cancel ends its children too.
     cmd.as_std_mut().process_group(0);
-    // And it dies with the supervisor even when the supervisor is killed
-    // outright (a process group is not reached by the parent's death).
-    // The supervisor's runtime is single-threaded, so the forking thread
-    // (whose exit is what PDEATHSIG watches) lives as long as the process.
+    die_with_supervisor(cmd.as_std_mut());
+    cmd
+}
+
+/// The command dies with the supervisor even when the supervisor is killed
+/// outright (a process group is not reached by the parent's death). The
+/// supervisor's runtime is single-threaded, so the forking thread (whose
+/// exit is what PDEATHSIG watches) lives as long as the process.
+#[allow(
+    unsafe_code,
+    reason = "pre_exec is unsafe; the hook only calls prctl between fork and exec"
+)]
+fn die_with_supervisor(cmd: &mut std::process::Command) {
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
-        cmd.as_std_mut().pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
     }
-    cmd
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -260,23 +338,40 @@ async fn run_command(
     outbox: Arc<Outbox>,
     running: Running,
 ) {
-    let dir = cwd.map(PathBuf::from).unwrap_or_else(|| cfg.default_cwd.clone());
-    let ended_before_start = running.lock().expect("running").get(&id).and_then(|(_, e)| *e);
+    let dir = cwd
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cfg.default_cwd.clone());
+    let ended_before_start = running
+        .lock()
+        .expect("running")
+        .get(&id)
+        .and_then(|(_, e)| *e);
     if let Some(ended_by) = ended_before_start {
         running.lock().expect("running").remove(&id);
-        outbox.send(FromSupervisor::Exited { id, exit_code: None, signal: None, ended_by });
+        outbox.send(FromSupervisor::Exited {
+            id,
+            exit_code: None,
+            signal: None,
+            ended_by,
+        });
         return;
     }
     if argv.is_empty() {
         running.lock().expect("running").remove(&id);
-        outbox.send(FromSupervisor::Failed { id, message: "empty argv".into() });
+        outbox.send(FromSupervisor::Failed {
+            id,
+            message: "empty argv".into(),
+        });
         return;
     }
     let mut child = match command(&argv, &env, &dir).spawn() {
         Ok(c) => c,
         Err(e) => {
             running.lock().expect("running").remove(&id);
-            outbox.send(FromSupervisor::Failed { id, message: format!("{}: {e}", argv[0]) });
+            outbox.send(FromSupervisor::Failed {
+                id,
+                message: format!("{}: {e}", argv[0]),
+            });
             return;
         }
     };
@@ -292,8 +387,20 @@ async fn run_command(
     }
     outbox.send(FromSupervisor::Started { id, pid });
     let offset = Arc::new(Mutex::new(0u64));
-    let out = tokio::spawn(pump(id, OutputStream::Stdout, child.stdout.take().expect("piped"), outbox.clone(), offset.clone()));
-    let err = tokio::spawn(pump(id, OutputStream::Stderr, child.stderr.take().expect("piped"), outbox.clone(), offset));
+    let out = tokio::spawn(pump(
+        id,
+        OutputStream::Stdout,
+        child.stdout.take().expect("piped"),
+        outbox.clone(),
+        offset.clone(),
+    ));
+    let err = tokio::spawn(pump(
+        id,
+        OutputStream::Stderr,
+        child.stderr.take().expect("piped"),
+        outbox.clone(),
+        offset,
+    ));
     let timeout = Duration::from_secs(timeout_seconds.max(1));
     let status = tokio::select! {
         s = child.wait() => s,
@@ -305,18 +412,34 @@ async fn run_command(
     // All output is queued before the exit is reported.
     let _ = out.await;
     let _ = err.await;
-    let ended_by = running.lock().expect("running").remove(&id).and_then(|(_, e)| e).unwrap_or(EndedBy::Itself);
+    let ended_by = running
+        .lock()
+        .expect("running")
+        .remove(&id)
+        .and_then(|(_, e)| e)
+        .unwrap_or(EndedBy::Itself);
     let (exit_code, signal) = match status {
         Ok(s) => (s.code(), s.signal()),
         Err(_) => (None, None),
     };
-    outbox.send(FromSupervisor::Exited { id, exit_code, signal, ended_by });
+    outbox.send(FromSupervisor::Exited {
+        id,
+        exit_code,
+        signal,
+        ended_by,
+    });
 }
 
 /// Reads one pipe. Both pipes of a command share `offset`; a chunk takes
 /// its offset and enters the outbox under that one lock, so the outbox
 /// holds each command's chunks in offset order.
-async fn pump(id: u32, stream: OutputStream, mut pipe: impl AsyncRead + Unpin, outbox: Arc<Outbox>, offset: Arc<Mutex<u64>>) {
+async fn pump(
+    id: u32,
+    stream: OutputStream,
+    mut pipe: impl AsyncRead + Unpin,
+    outbox: Arc<Outbox>,
+    offset: Arc<Mutex<u64>>,
+) {
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         outbox.room().await;
@@ -325,7 +448,12 @@ async fn pump(id: u32, stream: OutputStream, mut pipe: impl AsyncRead + Unpin, o
             Ok(n) => {
                 let data_b64 = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
                 let mut at = offset.lock().expect("offset");
-                outbox.send(FromSupervisor::Output { id, stream, offset: *at, data_b64 });
+                outbox.send(FromSupervisor::Output {
+                    id,
+                    stream,
+                    offset: *at,
+                    data_b64,
+                });
                 *at += n as u64;
             }
         }
@@ -335,13 +463,24 @@ async fn pump(id: u32, stream: OutputStream, mut pipe: impl AsyncRead + Unpin, o
 /// Mode agent: the agent's command is the main process; its exit is the
 /// end of the session.
 async fn run_agent(argv: Vec<String>, cfg: Arc<Config>, outbox: Arc<Outbox>) {
-    let status = match command(&argv, &[], &cfg.default_cwd).stdout(Stdio::inherit()).stderr(Stdio::inherit()).status().await {
+    let status = match command(&argv, &[], &cfg.default_cwd)
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .status()
+        .await
+    {
         Ok(s) => s,
         Err(e) => {
             eprintln!("supervisor: cannot start the agent {}: {e}", argv[0]);
-            outbox.send(FromSupervisor::AgentExited { exit_code: Some(127), signal: None });
+            outbox.send(FromSupervisor::AgentExited {
+                exit_code: Some(127),
+                signal: None,
+            });
             return;
         }
     };
-    outbox.send(FromSupervisor::AgentExited { exit_code: status.code(), signal: status.signal() });
+    outbox.send(FromSupervisor::AgentExited {
+        exit_code: status.code(),
+        signal: status.signal(),
+    });
 }

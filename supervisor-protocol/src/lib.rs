@@ -1,7 +1,12 @@
-//! Worker ⇄ supervisor messages, one JSON object per line over the Unix
-//! socket. Output bytes travel base64-encoded, each chunk marked with its
-//! stream and its byte offset in the command's output (the supervisor, which
-//! reads the pipes, is the one that knows the order of the bytes).
+//! hangar-supervisor-protocol: the worker ⇄ supervisor messages, one JSON
+//! object per line over the Unix socket. Shared by the worker
+//! (`hangar-worker`, which holds the credentials) and the in-sandbox
+//! supervisor (`hangar-supervisor`, which holds none); it depends on serde
+//! alone, so neither side pulls in the other's dependencies through it.
+//!
+//! Output bytes travel base64-encoded, each chunk marked with its stream and
+//! its byte offset in the command's output (the supervisor, which reads the
+//! pipes, is the one that knows the order of the bytes).
 //!
 //! Delivery is at least once: every message from the supervisor carries a
 //! sequence number and stays in its outbox until the worker acknowledges it
@@ -17,7 +22,13 @@ use serde::{Deserialize, Serialize};
 pub enum ToSupervisor {
     /// Run a command (argv, env, working directory, timeout). A second Run
     /// with an id the supervisor has already seen is ignored.
-    Run { id: u32, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String>, timeout_seconds: u64 },
+    Run {
+        id: u32,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<String>,
+        timeout_seconds: u64,
+    },
     /// Cancel a running command: SIGTERM, then SIGKILL after the grace.
     Cancel { id: u32 },
     /// The session is pausing: end every running command.
@@ -46,16 +57,35 @@ pub struct Sequenced {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum FromSupervisor {
-    Started { id: u32, pid: u32 },
+    Started {
+        id: u32,
+        pid: u32,
+    },
     /// Could not start (no such program, bad directory, …).
-    Failed { id: u32, message: String },
+    Failed {
+        id: u32,
+        message: String,
+    },
     /// `offset` is the position of the chunk's first byte in the command's
     /// output (stdout and stderr together).
-    Output { id: u32, stream: OutputStream, offset: u64, data_b64: String },
+    Output {
+        id: u32,
+        stream: OutputStream,
+        offset: u64,
+        data_b64: String,
+    },
     /// The process ended. `exit_code` is absent when a signal ended it.
-    Exited { id: u32, exit_code: Option<i32>, signal: Option<i32>, ended_by: EndedBy },
+    Exited {
+        id: u32,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        ended_by: EndedBy,
+    },
     /// Mode agent: the agent's own command ended.
-    AgentExited { exit_code: Option<i32>, signal: Option<i32> },
+    AgentExited {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,3 +104,4 @@ pub enum EndedBy {
     Cancel,
     KillAll,
 }
+
