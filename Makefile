@@ -43,8 +43,9 @@ moto:
 ## Benchmarks (release build): the lifecycle (latency, EC2 call counts and
 ## memory over 100 sessions, 1,000 paused for memory) and commands (create
 ## to process start, 1 GiB of output, long-poll wake, worker and gateway
-## memory).
+## memory), and admission (a burst of 64 creates for one session).
 bench: deps
 	$(CARGO) build --release --workspace --bins
 	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)
 	$(CARGO_TARGET_DIR)/release/commands-bench
+	$(CARGO_TARGET_DIR)/release/admission-bench

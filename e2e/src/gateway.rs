@@ -17,11 +17,18 @@ use crate::process::{ChildProcess, free_port, port_open, wait_until};
 pub struct GatewayProcess {
     process: ChildProcess,
     pub port: u16,
+    /// Its admin server (/healthz, /readyz, /metrics).
+    pub admin_port: u16,
 }
 
 impl GatewayProcess {
     pub fn pid(&self) -> u32 {
         self.process.id()
+    }
+
+    /// Its `/metrics` text.
+    pub fn metrics(&self) -> String {
+        crate::process::http_get(self.admin_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
     /// `Err` with its log tail when the process has exited.
@@ -31,8 +38,10 @@ impl GatewayProcess {
 
     pub fn start(cp: &ControlPlane, output_dir: &std::path::Path) -> Result<Self> {
         let port = free_port();
+        let admin_port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-gateway"));
         cmd.env("KUBECONFIG", &cp.kubeconfig)
+            .env("HANGAR_GATEWAY_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
             .env("HANGAR_GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
             .env("HANGAR_GATEWAY_TLS_CERT", &cp.pki.serving_cert)
             .env("HANGAR_GATEWAY_TLS_KEY", &cp.pki.serving_key)
@@ -42,7 +51,7 @@ impl GatewayProcess {
         let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join("gateway.log"))?;
         // It waits for the operator's organisation key before it listens.
         wait_until("hangar-gateway listening", &mut process, Duration::from_secs(60), || port_open(port))?;
-        Ok(Self { process, port })
+        Ok(Self { process, port, admin_port })
     }
 }
 

@@ -116,6 +116,13 @@ impl NodeSimulator {
         std::fs::read_to_string(self.nodes_dir.join(node).join(format!("{which}.pid"))).ok()?.trim().parse().ok()
     }
 
+    /// The `/metrics` text of a node's worker (empty if none runs).
+    pub fn worker_metrics(&self, node: &str) -> String {
+        let port = std::fs::read_to_string(self.nodes_dir.join(node).join("worker.admin-port"));
+        let Some(port) = port.ok().and_then(|p| p.trim().parse().ok()) else { return String::new() };
+        crate::process::http_get(port, "/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
     /// The directory standing in for a workspace volume.
     pub fn volume_dir(&self, volume_id: &str) -> PathBuf {
         self.volumes_dir.join(volume_id)
@@ -282,8 +289,11 @@ fn start_worker(cfg: &SimConfig, node: &str, volume_id: &str) -> crate::Result<C
     std::fs::create_dir_all(&dir).map_err(crate::error::io("volume dir"))?;
     let node_dir = cfg.nodes_dir.join(node);
     std::fs::create_dir_all(node_dir.join("run")).map_err(crate::error::io("node dir"))?;
+    let admin_port = crate::process::free_port();
+    let _ = std::fs::write(node_dir.join("worker.admin-port"), admin_port.to_string());
     let mut cmd = std::process::Command::new(&cfg.worker_bin);
     cmd.env("NODE_NAME", node)
+        .env("HANGAR_WORKER_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
         .env("HANGAR_SIM_NODE", node)
         .env("HANGAR_SPOOL_DIR", node_dir.join("spool"))
         .env("HANGAR_SUPERVISOR_SOCKET", node_dir.join("run/supervisor.sock"))

@@ -119,6 +119,15 @@ impl OperatorProcess {
         http_get(self.metrics_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
+    /// The operator's raw latency samples (`/debug/samples`), for the
+    /// benchmark's exact quantiles.
+    pub fn samples(&self) -> serde_json::Value {
+        http_get(self.metrics_port, "/debug/samples")
+            .ok()
+            .and_then(|(_, b)| serde_json::from_str(&b).ok())
+            .unwrap_or_default()
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.process.as_ref().map(|p| p.id())
     }

@@ -20,20 +20,29 @@ pub const CONFIGURATION: &str = "hangar-webhook";
 pub struct WebhookProcess {
     process: ChildProcess,
     pub port: u16,
+    /// Its admin server (/healthz, /readyz, /metrics).
+    pub admin_port: u16,
 }
 
 impl WebhookProcess {
     pub fn start(cp: &ControlPlane) -> Result<Self> {
         let port = free_port();
+        let admin_port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-webhook"));
         cmd.env("KUBECONFIG", &cp.kubeconfig)
+            .env("HANGAR_WEBHOOK_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
             .env("HANGAR_WEBHOOK_LISTEN", format!("127.0.0.1:{port}"))
             .env("HANGAR_WEBHOOK_TLS_CERT", &cp.pki.serving_cert)
             .env("HANGAR_WEBHOOK_TLS_KEY", &cp.pki.serving_key)
             .env("RUST_LOG", "info");
         let mut process = ChildProcess::spawn("hangar-webhook", cmd, &cp.dir().join("webhook.log"))?;
         wait_until("hangar-webhook listening", &mut process, Duration::from_secs(30), || port_open(port))?;
-        Ok(Self { process, port })
+        Ok(Self { process, port, admin_port })
+    }
+
+    /// Its `/metrics` text.
+    pub fn metrics(&self) -> String {
+        crate::process::http_get(self.admin_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
     /// `Err` with its log tail when the process has exited.

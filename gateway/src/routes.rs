@@ -34,6 +34,8 @@ pub struct Gateway {
     pub output: OutputReader,
     /// How long an output read waits for new bytes (25 s).
     pub long_poll: Duration,
+    /// Requests by method and status, and their durations.
+    pub http: hangar_runtime::admin::HttpMetrics,
 }
 
 type Reply = Result<(StatusCode, Value), ApiError>;
@@ -47,6 +49,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Bod
         Err(e) => (StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), e.body()),
     };
     tracing::info!(%method, %path, status = status.as_u16(), ms = started.elapsed().as_millis() as u64, "request");
+    gw.http.observe(method.as_str(), status.as_u16(), started.elapsed());
     let mut r = Response::new(Full::new(Bytes::from(serde_json::to_vec(&body).expect("json"))));
     *r.status_mut() = status;
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));

@@ -8,8 +8,7 @@
 //! - `keys`: session keys sealed under the organisation key
 //! - `output_keys`: sealing the output keys workers hand in
 //! - `output_retention`: destroying them `outputRetentionDays` after the end
-//! - `leader`: leader election by Lease
-//! - `serve`: health and metrics endpoint
+//! - `metrics`: the prometheus-client registry and the raw benchmark samples
 
 pub mod commands;
 pub mod context;
@@ -17,10 +16,9 @@ pub mod ec2;
 pub mod error;
 pub mod failpoint;
 pub mod keys;
-pub mod leader;
 pub mod lifecycle;
 pub mod node;
 pub mod output_keys;
+pub mod metrics;
 pub mod output_retention;
-pub mod serve;
 pub mod settings;

@@ -7,12 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use hangar_operator::context::{Context, Metrics};
+use hangar_operator::context::Context;
+use hangar_operator::metrics::Metrics;
 use hangar_operator::ec2::Ec2;
 use hangar_operator::ec2::watcher::InstanceWatcher;
 use hangar_operator::keys::{OrgKey, b64};
 use hangar_operator::settings::Settings;
-use hangar_operator::{ec2, leader, lifecycle, serve};
+use hangar_operator::{ec2, lifecycle};
+use hangar_runtime::leader::{LeaseSettings, Leadership};
+use hangar_runtime::admin::{self, Readiness};
+use prometheus_client::registry::Registry;
 use hangar_runtime::retry::until_ok;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -40,27 +44,42 @@ async fn main() -> ExitCode {
 
 async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
+    let ec2 = Ec2::new(settings.clone()).await;
+    let metrics = Arc::new(Metrics::default());
+    let mut registry = Registry::with_prefix("hangar");
+    metrics.register(&mut registry, &ec2.calls);
+    let readiness = Readiness::default();
     let listener = tokio::net::TcpListener::bind(&settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint");
-    let ready = Arc::new(std::sync::OnceLock::new());
-    tokio::spawn(serve::serve(listener, ready.clone()));
+    let samples = metrics.clone();
+    let debug = axum::Router::new().route(
+        "/debug/samples",
+        axum::routing::get(move || {
+            let samples = samples.samples();
+            async move { axum::Json(samples) }
+        }),
+    );
+    tokio::spawn(admin::serve(listener, admin::router(Arc::new(registry), readiness.clone(), debug)));
 
-    let election = settings.leader_elect.then(|| leader::LeaderElection {
-        api: Api::namespaced(client.clone(), &settings.leader_election_namespace),
-        name: "hangar-operator-leader".into(),
-        identity: settings.pod_name.clone(),
-        lease_duration: Duration::from_secs(settings.lease_duration_seconds),
-        renew_deadline: Duration::from_secs(settings.renew_deadline_seconds),
-        retry_period: Duration::from_secs(settings.retry_period_seconds),
-    });
-    if let Some(e) = &election {
-        e.acquire().await;
+    let mut election = None;
+    if settings.leader_elect {
+        let lease = LeaseSettings {
+            namespace: settings.leader_election_namespace.clone(),
+            name: "hangar-operator-leader".into(),
+            identity: settings.pod_name.clone(),
+            duration: Duration::from_secs(settings.lease_duration_seconds),
+            renew_before: Duration::from_secs(
+                settings.lease_duration_seconds.saturating_sub(settings.renew_deadline_seconds),
+            ),
+        };
+        let mut leadership = until_ok("join the leader election", || Leadership::join(client.clone(), &lease)).await;
+        leadership.acquired().await;
+        election = Some(leadership);
     }
 
     // Dependencies that are not answering yet (the apiserver, EC2) are
     // waited for, never a reason to exit: /readyz says 503 meanwhile.
     let org_key = until_ok("load the organisation key", || load_org_key(&client, &settings)).await;
-    let ec2 = Ec2::new(settings.clone()).await;
     let instances = InstanceWatcher::default();
     // The first view of EC2 before any reconcile: a session must never be
     // judged "no instance" just because nothing has been described yet.
@@ -87,12 +106,12 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         commands,
         org_key,
         recorder,
-        metrics: Metrics::default(),
+        metrics,
         failures: Default::default(),
         numbering: Default::default(),
         sealed_output_keys: Default::default(),
     });
-    let _ = ready.set(ctx.clone());
+    readiness.set_ready();
     tokio::spawn(sweep_loop(ec2, client, settings.system_namespace.clone(), Duration::from_secs(settings.orphan_sweep_seconds)));
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
@@ -102,10 +121,10 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         commands.abort();
     };
     match election {
-        Some(e) => {
+        Some(mut leadership) => {
             tokio::select! {
-                _ = controller => {}
-                _ = e.keep_renewing() => return Err("lost leadership".into()),
+                _ = controller => leadership.release().await,
+                _ = leadership.lost() => return Err("lost leadership".into()),
             }
         }
         None => controller.await,

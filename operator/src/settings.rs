@@ -52,10 +52,10 @@ pub struct Settings {
     pub leader_election_namespace: String,
     #[arg(long, default_value_t = 15)]
     pub lease_duration_seconds: u64,
+    /// The leader renews this long after its last renewal at the latest
+    /// (it renews `lease - renew-deadline` seconds before the Lease expires).
     #[arg(long, default_value_t = 10)]
     pub renew_deadline_seconds: u64,
-    #[arg(long, default_value_t = 2)]
-    pub retry_period_seconds: u64,
     /// Identity in leader election.
     #[arg(long, env = "POD_NAME", default_value = "hangar-operator")]
     pub pod_name: String,

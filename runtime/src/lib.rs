@@ -1,6 +1,8 @@
 //! hangar-runtime: the plumbing every hangar binary shares, so the binaries
 //! stay thin and do it one way.
 //!
+//! - `admin`: `/healthz`, `/readyz` and `/metrics` (prometheus-client) on
+//!   a port of their own
 //! - `telemetry`: structured logs (tracing) and the process's one TLS
 //!   crypto provider
 //! - `https`: the TLS server every credential-carrying listener uses
@@ -8,10 +10,13 @@
 //!   shutdown)
 //! - `retry`: waiting for a dependency that is not answering yet, with
 //!   backoff, instead of exiting
+//! - `leader`: leader election on a Lease (kube-lease-manager)
 //! - `kube_ext`: ignore-not-found / already-exists, and the typed
 //!   compare-and-swap status patch
 
+pub mod admin;
 pub mod https;
 pub mod kube_ext;
+pub mod leader;
 pub mod retry;
 pub mod telemetry;

@@ -5,6 +5,9 @@
 //!   kind with its rules (`commands`): each splits into a pure decision,
 //!   unit-tested in `hangar-core`, and the reads it needs.
 //!
-//! The HTTPS listener is `hangar_runtime::https`.
+//! - `metrics`: admissions by kind and decision.
+//!
+//! The HTTPS listener and the admin server are `hangar_runtime`'s.
 
 pub mod admission;
+pub mod metrics;

@@ -10,9 +10,11 @@
 //!   writes, compare-and-swap status patches);
 //! - `supervisor_link`: the worker's end of the supervisor socket;
 //! - `attempt_key`: the key an attempt's output is sealed under;
-//! - `workspace`: opening and closing `/workspace`.
+//! - `workspace`: opening and closing `/workspace`;
+//! - `metrics`: its series on the admin server's `/metrics`.
 
 pub mod attempt_key;
 pub mod commands;
+pub mod metrics;
 pub mod supervisor_link;
 pub mod workspace;

@@ -9,9 +9,13 @@ use hangar_worker::{commands, workspace};
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use hangar_runtime::admin;
+use hangar_worker::metrics::WorkerMetrics;
+use prometheus_client::registry::Registry;
 use hangar_crds::{Phase, Sandbox, heartbeat};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
@@ -38,6 +42,8 @@ enum Error {
     NodeWatchEnded(String),
     #[error("output store: {0}")]
     Store(#[from] object_store::Error),
+    #[error("admin server: {0}")]
+    Admin(#[source] std::io::Error),
 }
 
 struct Config {
@@ -51,6 +57,9 @@ struct Config {
     output_store: String,
     output_region: String,
     output_endpoint: Option<String>,
+    /// The admin server (/healthz, /readyz, /metrics; plain HTTP, on the
+    /// node's loopback by default).
+    admin_listen: String,
 }
 
 impl Config {
@@ -75,6 +84,7 @@ impl Config {
             output_store: std::env::var("HANGAR_OUTPUT_STORE").unwrap_or_else(|_| "/var/lib/hangar/output".into()),
             output_region: std::env::var("HANGAR_OUTPUT_S3_REGION").unwrap_or_else(|_| "us-east-1".into()),
             output_endpoint: std::env::var("HANGAR_OUTPUT_S3_ENDPOINT").ok(),
+            admin_listen: std::env::var("HANGAR_WORKER_ADMIN_LISTEN").unwrap_or_else(|_| "127.0.0.1:9091".into()),
         })
     }
 }
@@ -112,8 +122,15 @@ async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, St
 }
 
 async fn run(client: Client, config: Config) -> Result<(), Error> {
+    let metrics = WorkerMetrics::default();
+    let mut registry = Registry::with_prefix("hangar_worker");
+    metrics.register(&mut registry);
+    let readiness = admin::Readiness::default();
+    let admin_listener = tokio::net::TcpListener::bind(&config.admin_listen).await.map_err(Error::Admin)?;
+    tokio::spawn(admin::serve(admin_listener, admin::router(Arc::new(registry), readiness.clone(), Default::default())));
     let (ns, name) = session_of_node(&client, &config.node_name).await?;
     tracing::info!(node = %config.node_name, %ns, sandbox = %name, "serving session");
+    readiness.set_ready();
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.system_namespace);
     let ws = workspace::Workspace::open(&config.workspace)?;
@@ -160,6 +177,7 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
                 spool_root: config.spool.clone(),
                 store: store.clone(),
                 socket: config.socket.clone(),
+                metrics: metrics.clone(),
             };
             let (runner, incoming) = commands::Runner::new(client.clone(), rc, drained_tx.clone());
             tokio::spawn(runner.run(incoming, state_rx.clone()));
@@ -180,6 +198,7 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
         // it is no reason to stop serving the session.
         if let Err(e) = renew(&leases, &config.node_name, &session_id, &ns, &name, attempt, closed).await {
             tracing::warn!(error = %e, "heartbeat not renewed; trying again");
+            metrics.heartbeat_failed();
         }
     }
 }

@@ -52,13 +52,8 @@ fn counter(metrics: &str, name: &str) -> u64 {
     metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
-fn samples(metrics: &str, name: &str) -> Vec<u64> {
-    let prefix = format!("{name}{{");
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect()
+fn samples(all: &serde_json::Value, name: &str) -> Vec<u64> {
+    all[name].as_array().map(|a| a.iter().filter_map(|v| v.as_u64()).collect()).unwrap_or_default()
 }
 
 
@@ -143,18 +138,14 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool) {
     let after = stack.operator().metrics();
     let mutating = counter(&after, "hangar_ec2_mutating_calls_total") - counter(&before, "hangar_ec2_mutating_calls_total");
     // Create call returned (apiserver accepted it) → RunInstances called.
+    let raw = stack.operator().samples();
     let apply_run: Vec<u64> = created_at
         .iter()
-        .filter_map(|(name, t)| {
-            let at = after
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("hangar_run_instances_at_ms{{sandbox=\"{name}\"}} ")))?;
-            Some((at.parse::<i64>().ok()? - t).max(0) as u64)
-        })
+        .filter_map(|(name, t)| Some((raw["run_instances_at_ms"][name.as_str()].as_i64()? - t).max(0) as u64))
         .collect();
-    let ready_running = samples(&after, "hangar_node_ready_to_running_ms");
-    let prereq_running = samples(&after, "hangar_event_to_running_ms");
-    let closed_stop = samples(&after, "hangar_workspace_closed_to_stop_ms");
+    let ready_running = samples(&raw, "node_ready_to_running_ms");
+    let prereq_running = samples(&raw, "event_to_running_ms");
+    let closed_stop = samples(&raw, "workspace_closed_to_stop_ms");
 
     eprintln!("bench: {m} paused sessions for the memory figure");
     let rss_before = rss_kib(stack.operator().pid().unwrap());

@@ -13,6 +13,7 @@ use hangar_gateway::output::OutputReader;
 use hangar_gateway::routes::{self, Gateway};
 use hangar_output::{OrgKey, OutputStore};
 use k8s_openapi::api::core::v1::Secret;
+use hangar_runtime::admin;
 use kube::api::Api;
 
 #[derive(Parser, Debug)]
@@ -37,6 +38,9 @@ struct Settings {
     /// How long an output read waits for new bytes.
     #[arg(long, env = "HANGAR_GATEWAY_LONG_POLL_SECONDS", default_value_t = 25)]
     long_poll_seconds: u64,
+    /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
+    #[arg(long, env = "HANGAR_GATEWAY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
 }
 
 #[tokio::main]
@@ -53,6 +57,12 @@ async fn main() -> ExitCode {
 
 async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
+    let http = hangar_runtime::admin::HttpMetrics::default();
+    let mut registry = prometheus_client::registry::Registry::with_prefix("hangar_gateway");
+    http.register(&mut registry);
+    let readiness = admin::Readiness::default();
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen).await?;
+    tokio::spawn(admin::serve(admin_listener, admin::router(Arc::new(registry), readiness.clone(), Default::default())));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
     let org = org_key(&secrets).await?;
     let store = OutputStore::from_url(&settings.output_store, &settings.output_s3_region, settings.output_s3_endpoint.as_deref())?;
@@ -63,10 +73,12 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
         output: OutputReader::new(store, secrets, org),
         long_poll: Duration::from_secs(settings.long_poll_seconds),
         client,
+        http,
     });
     let config = hangar_runtime::https::server_config(&settings.tls_cert, &settings.tls_key)?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "gateway serving");
+    readiness.set_ready();
     let limits = hangar_runtime::https::Limits::default();
     let shutdown = hangar_runtime::https::shutdown_signal();
     hangar_runtime::https::serve(listener, config, limits, shutdown, move |req| routes::handle(gw.clone(), req)).await;

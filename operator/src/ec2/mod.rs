@@ -12,7 +12,7 @@ pub mod volumes;
 pub mod watcher;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus_client::metrics::counter::Counter;
 use std::time::Duration;
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
@@ -24,10 +24,10 @@ use crate::settings::Settings;
 /// Counts of EC2 calls, for /metrics and the benchmark.
 #[derive(Default, Debug)]
 pub struct CallCounts {
-    pub mutating: AtomicU64,
-    pub describe_instances: AtomicU64,
-    pub describe_other: AtomicU64,
-    pub throttled: AtomicU64,
+    pub mutating: Counter,
+    pub describe_instances: Counter,
+    pub describe_other: Counter,
+    pub throttled: Counter,
 }
 
 #[derive(Clone)]
@@ -80,7 +80,7 @@ impl Ec2 {
                 CallKind::DescribeInstances => &self.calls.describe_instances,
                 CallKind::DescribeOther => &self.calls.describe_other,
             };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.inc();
             match f().await {
                 Ok(v) => {
                     crate::failpoint::hit(&format!("after:{operation}"));
@@ -92,7 +92,7 @@ impl Ec2 {
                         None => Ec2Error::classify(operation, Some("Transport"), Some(&error_chain(&e))),
                     };
                     if err.is(Ec2ErrorKind::Throttled) && attempt < MAX_THROTTLE_RETRIES {
-                        self.calls.throttled.fetch_add(1, Ordering::Relaxed);
+                        self.calls.throttled.inc();
                         let delay = error::throttle_backoff(
                             attempt,
                             Duration::from_millis(100),

@@ -88,7 +88,7 @@ pub async fn execute(
             // Measured when the call leaves: the operator's part of the pause.
             if let Some(closed) = obs.workspace_closed_at {
                 let ms = (Timestamp::now().as_millisecond() - closed.as_millisecond()).max(0) as u64;
-                ctx.metrics.record(|m| m.workspace_closed_to_stop_ms.push(ms));
+                ctx.metrics.workspace_closed_to_stop(ms);
             }
             let state = ctx.ec2.stop(&id, *force).await?;
             ctx.instances.set_state(&id, state);
@@ -227,9 +227,7 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
         instance_types: settings.instance_types_for(size),
         user_data: &render,
     };
-    ctx.metrics.record(|m| {
-        m.run_instances_at_ms.insert(format!("{}/{}", s.namespace, s.name), Timestamp::now().as_millisecond());
-    });
+    ctx.metrics.run_instances_called(format!("{}/{}", s.namespace, s.name), Timestamp::now().as_millisecond());
     match ctx.ec2.launch(&req).await {
         Ok(view) => {
             record_instance(status, &view);

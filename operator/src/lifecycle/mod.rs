@@ -114,7 +114,7 @@ fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl futures::St
 /// A failed reconcile (e.g. a reset step EC2 refused) is retried with
 /// exponential backoff per session.
 fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Requeue {
-    ctx.metrics.reconcile_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.reconcile_errors.inc();
     let key = format!("{}/{}", sandbox.namespace().unwrap_or_default(), sandbox.name_any());
     let delay = ctx.backoff(&key);
     warn!(sandbox = %sandbox.name_any(), %error, ?delay, "reconcile failed; retrying");
@@ -129,7 +129,8 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Requeue> 
 }
 
 async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, name: String) -> Result<Requeue> {
-    ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.reconciles.inc();
+    ctx.metrics.watched_instances.set(ctx.instances.len() as i64);
     let session_id = sandbox.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
     let current = sandbox.status.clone().unwrap_or_default();
@@ -221,7 +222,7 @@ fn track_prerequisites(
     let mut seen = ctx.metrics.first_seen.lock().unwrap_or_else(|p| p.into_inner());
     let entry = seen.entry(session.to_owned()).or_default();
     if entry.attempt != attempt {
-        *entry = crate::context::FirstSeen { attempt, ..Default::default() };
+        *entry = crate::metrics::FirstSeen { attempt, ..Default::default() };
     }
     if obs.node_ready == Some(true) {
         entry.node_ready.get_or_insert(now);
@@ -229,14 +230,12 @@ fn track_prerequisites(
     if after.phase == Some(Phase::Running) && before.phase != Some(Phase::Running) {
         let e = *entry;
         let trigger = ctx.metrics.last_trigger(namespace, name);
-        ctx.metrics.record(|m| {
-            if let Some(t) = e.node_ready {
-                m.node_ready_to_running_ms.push((now - t).max(0) as u64);
-            }
-            if let Some(t) = trigger {
-                m.event_to_running_ms.push((now - t).max(0) as u64);
-            }
-        });
+        if let Some(t) = e.node_ready {
+            ctx.metrics.node_ready_to_running((now - t).max(0) as u64);
+        }
+        if let Some(t) = trigger {
+            ctx.metrics.event_to_running((now - t).max(0) as u64);
+        }
     }
     if matches!(after.phase, Some(Phase::Ended | Phase::Failed)) {
         seen.remove(session);

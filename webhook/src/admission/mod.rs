@@ -12,6 +12,8 @@ pub use hangar_core::admission::Refusal;
 pub enum AdmissionError {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error("the review has no request")]
+    NoRequest,
     #[error("the request has no object")]
     NoObject,
     #[error("the object is not a valid {kind}: {source}")]

@@ -8,8 +8,15 @@ use std::process::ExitCode;
 use bytes::Bytes;
 use clap::Parser;
 use hangar_crds::Command;
+use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use tracing::Instrument;
 use hangar_webhook::admission::{AdmissionError, commands, review};
+use std::sync::Arc;
+
+use hangar_runtime::admin::{self, HttpMetrics};
 use hangar_runtime::https::{self, Body, RequestBody};
+use hangar_webhook::metrics::AdmissionMetrics;
+use prometheus_client::registry::Registry;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
 
@@ -25,6 +32,17 @@ struct Settings {
     /// PEM private key of the serving certificate.
     #[arg(long, env = "HANGAR_WEBHOOK_TLS_KEY", default_value = "/etc/hangar/webhook-tls/tls.key")]
     tls_key: PathBuf,
+    /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
+    #[arg(long, env = "HANGAR_WEBHOOK_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
+}
+
+/// What every admission shares.
+struct Webhook {
+    client: kube::Client,
+    queues: commands::SessionQueues,
+    http: HttpMetrics,
+    metrics: AdmissionMetrics,
 }
 
 #[tokio::main]
@@ -43,17 +61,36 @@ async fn main() -> ExitCode {
 async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
     let config = https::server_config(&settings.tls_cert, &settings.tls_key)?;
+    let wh = Arc::new(Webhook {
+        client,
+        queues: commands::SessionQueues::default(),
+        http: HttpMetrics::default(),
+        metrics: AdmissionMetrics::default(),
+    });
+    let mut registry = Registry::with_prefix("hangar_webhook");
+    wh.http.register(&mut registry);
+    wh.metrics.register(&mut registry);
+    let readiness = admin::Readiness::default();
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen).await?;
+    tokio::spawn(admin::serve(admin_listener, admin::router(Arc::new(registry), readiness.clone(), Default::default())));
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
-    let queues = std::sync::Arc::new(commands::SessionQueues::default());
+    readiness.set_ready();
     https::serve(listener, config, https::Limits::default(), https::shutdown_signal(), move |req| {
-        handle(client.clone(), queues.clone(), req)
+        let wh = wh.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let method = req.method().clone();
+            let response = handle(&wh, req).await;
+            wh.http.observe(method.as_str(), response.status().as_u16(), started.elapsed());
+            response
+        }
     })
     .await;
     Ok(())
 }
 
-async fn handle(client: kube::Client, queues: std::sync::Arc<commands::SessionQueues>, req: Request<RequestBody>) -> Response<Body> {
+async fn handle(wh: &Webhook, req: Request<RequestBody>) -> Response<Body> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::POST, "/validate/commands") => {
@@ -64,7 +101,7 @@ async fn handle(client: kube::Client, queues: std::sync::Arc<commands::SessionQu
                 }
                 Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
             };
-            match validate_command(&client, &queues, &body).await {
+            match validate_command(wh, &body).await {
                 Ok(answer) => json(StatusCode::OK, &answer),
                 // The apiserver applies failurePolicy (Fail): the create is refused.
                 Err(e) => {
@@ -77,26 +114,26 @@ async fn handle(client: kube::Client, queues: std::sync::Arc<commands::SessionQu
     }
 }
 
-async fn validate_command(
-    client: &kube::Client,
-    queues: &commands::SessionQueues,
-    body: &[u8],
-) -> Result<serde_json::Value, std::sync::Arc<AdmissionError>> {
-    let review: review::Review =
+async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, Arc<AdmissionError>> {
+    let review: AdmissionReview<Command> =
         serde_json::from_slice(body).map_err(|source| AdmissionError::Decode { kind: "AdmissionReview", source })?;
-    let req = review.request;
-    if req.operation != "CREATE" {
-        return Ok(review::answer(&req.uid, None));
+    let req: AdmissionRequest<Command> = review.try_into().map_err(|_| AdmissionError::NoRequest)?;
+    if req.operation != Operation::Create {
+        return Ok(to_json(review::answer(&req, None)));
     }
-    let object = req.object.ok_or(AdmissionError::NoObject)?;
-    let command: Command = serde_json::from_value(object).map_err(|source| AdmissionError::Decode { kind: "Command", source })?;
-    let ns = req.namespace.unwrap_or_default();
+    let command = req.object.as_ref().ok_or(AdmissionError::NoObject)?;
+    let ns = req.namespace.clone().unwrap_or_default();
     let span = tracing::info_span!("admit_command", namespace = %ns, sandbox = %command.spec.sandbox);
-    let decision = tracing::Instrument::instrument(commands::admit(client, queues, &ns, &command, req.dry_run.unwrap_or(false)), span).await?;
+    let decision = commands::admit(&wh.client, &wh.queues, &ns, command, req.dry_run).instrument(span).await?;
     if let Err(r) = &decision {
         tracing::info!(code = r.code.as_str(), "refused");
     }
-    Ok(review::answer(&req.uid, decision.as_ref().err()))
+    wh.metrics.decided("Command", decision.as_ref().err().map(|r| r.code.as_str()));
+    Ok(to_json(review::answer(&req, decision.as_ref().err())))
+}
+
+fn to_json(review: AdmissionReview<kube::core::DynamicObject>) -> serde_json::Value {
+    serde_json::to_value(review).expect("an AdmissionReview serialises")
 }
 
 fn text(status: StatusCode, body: &str) -> Response<Body> {

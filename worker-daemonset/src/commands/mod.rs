@@ -89,6 +89,7 @@ pub struct RunnerConfig {
     pub spool_root: PathBuf,
     pub store: OutputStore,
     pub socket: PathBuf,
+    pub metrics: crate::metrics::WorkerMetrics,
 }
 
 pub struct Runner {
@@ -395,8 +396,13 @@ impl Runner {
         let Some(cmd) = self.by_number(id).cloned() else {
             return Ok(());
         };
-        self.transition_final(cmd, ending.status(now(), Some(output_bytes)))
-            .await
+        let status = ending.status(now(), Some(output_bytes));
+        let phase = status.phase;
+        self.transition_final(cmd, status).await?;
+        if let Some(phase) = phase {
+            self.cfg.metrics.finished(phase.as_str(), output_bytes);
+        }
+        Ok(())
     }
 
     /// A compare-and-swap to a final status, re-read on a conflict. If it

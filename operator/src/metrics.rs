@@ -1,0 +1,148 @@
+//! The operator's metrics, in one prometheus-client registry served on
+//! `/metrics`: reconciles, EC2 calls by kind, throttling, instances
+//! watched, and the latencies of its own steps as histograms.
+//!
+//! The benchmark needs exact quantiles, so the latency samples are also
+//! kept raw (bounded) and served as JSON on `/debug/samples`, apart from
+//! the exposition format.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use serde::Serialize;
+
+use crate::ec2::CallCounts;
+
+/// Raw samples kept per series; older ones are dropped first.
+const MAX_SAMPLES: usize = 100_000;
+
+pub struct Metrics {
+    pub reconciles: Counter,
+    pub reconcile_errors: Counter,
+    pub watched_instances: Gauge,
+    node_ready_to_running: Histogram,
+    event_to_running: Histogram,
+    workspace_closed_to_stop: Histogram,
+    samples: Mutex<Samples>,
+    /// Per session: when its node was first seen Ready in this attempt.
+    pub first_seen: Mutex<HashMap<String, FirstSeen>>,
+    /// Per `namespace/name`: when the last related watch event arrived.
+    trigger_at: Mutex<HashMap<String, i64>>,
+}
+
+#[derive(Default, Clone, Copy, Debug)]
+pub struct FirstSeen {
+    pub attempt: i64,
+    pub node_ready: Option<i64>,
+}
+
+/// What `/debug/samples` serves (milliseconds).
+#[derive(Default, Clone, Debug, Serialize)]
+pub struct Samples {
+    /// When RunInstances was called, per `namespace/name` (epoch ms): the
+    /// benchmark subtracts the time its create call returned.
+    pub run_instances_at_ms: BTreeMap<String, i64>,
+    /// Node Ready first observed → phase running written.
+    pub node_ready_to_running_ms: Vec<u64>,
+    /// The watch event (node, heartbeat Lease, agent Pod) that completed the
+    /// prerequisites arrived → phase running written: the operator's own
+    /// overhead.
+    pub event_to_running_ms: Vec<u64>,
+    /// Worker reported workspace closed → StopInstances called.
+    pub workspace_closed_to_stop_ms: Vec<u64>,
+}
+
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    // 1 ms … ~65 s.
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+}
+
+fn push(v: &mut Vec<u64>, ms: u64) {
+    if v.len() >= MAX_SAMPLES {
+        v.remove(0);
+    }
+    v.push(ms);
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            reconciles: Counter::default(),
+            reconcile_errors: Counter::default(),
+            watched_instances: Gauge::default(),
+            node_ready_to_running: Histogram::new(latency_buckets()),
+            event_to_running: Histogram::new(latency_buckets()),
+            workspace_closed_to_stop: Histogram::new(latency_buckets()),
+            samples: Mutex::default(),
+            first_seen: Mutex::default(),
+            trigger_at: Mutex::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every series under the `hangar` prefix.
+    pub fn register(&self, registry: &mut Registry, ec2: &CallCounts) {
+        registry.register("reconciles", "Sandbox reconciles run", self.reconciles.clone());
+        registry.register("reconcile_errors", "Sandbox reconciles that failed", self.reconcile_errors.clone());
+        registry.register("watched_instances", "EC2 instances the watcher knows", self.watched_instances.clone());
+        registry.register("ec2_mutating_calls", "EC2 calls that change something", ec2.mutating.clone());
+        registry.register("ec2_describe_instances_calls", "EC2 DescribeInstances calls", ec2.describe_instances.clone());
+        registry.register("ec2_describe_other_calls", "Other EC2 Describe calls", ec2.describe_other.clone());
+        registry.register("ec2_throttled", "EC2 calls answered with throttling", ec2.throttled.clone());
+        registry.register_with_unit(
+            "node_ready_to_running",
+            "Node Ready first seen to phase running written",
+            Unit::Seconds,
+            self.node_ready_to_running.clone(),
+        );
+        registry.register_with_unit(
+            "event_to_running",
+            "Last prerequisite watch event to phase running written",
+            Unit::Seconds,
+            self.event_to_running.clone(),
+        );
+        registry.register_with_unit(
+            "workspace_closed_to_stop",
+            "Workspace closed reported to StopInstances called",
+            Unit::Seconds,
+            self.workspace_closed_to_stop.clone(),
+        );
+    }
+
+    pub fn triggered(&self, namespace: &str, name: &str) {
+        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        self.trigger_at.lock().unwrap_or_else(|p| p.into_inner()).insert(format!("{namespace}/{name}"), now);
+    }
+
+    pub fn last_trigger(&self, namespace: &str, name: &str) -> Option<i64> {
+        self.trigger_at.lock().unwrap_or_else(|p| p.into_inner()).get(&format!("{namespace}/{name}")).copied()
+    }
+
+    pub fn run_instances_called(&self, key: String, at_ms: i64) {
+        self.samples.lock().unwrap_or_else(|p| p.into_inner()).run_instances_at_ms.insert(key, at_ms);
+    }
+
+    pub fn node_ready_to_running(&self, ms: u64) {
+        self.node_ready_to_running.observe(ms as f64 / 1000.0);
+        push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).node_ready_to_running_ms, ms);
+    }
+
+    pub fn event_to_running(&self, ms: u64) {
+        self.event_to_running.observe(ms as f64 / 1000.0);
+        push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).event_to_running_ms, ms);
+    }
+
+    pub fn workspace_closed_to_stop(&self, ms: u64) {
+        self.workspace_closed_to_stop.observe(ms as f64 / 1000.0);
+        push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).workspace_closed_to_stop_ms, ms);
+    }
+
+    pub fn samples(&self) -> Samples {
+        self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
