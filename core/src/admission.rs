@@ -31,7 +31,10 @@ pub fn command_create(namespace: &str, name: &str, sandbox: Option<&Sandbox>, co
         return Err(Refusal::new(ErrorCode::SandboxNotFound, format!("no Sandbox {name} in namespace {namespace}")));
     };
     if sandbox.has_ended() {
-        return Err(Refusal::new(ErrorCode::SandboxEnded, format!("session {name} has ended; it takes no more commands")));
+        return Err(Refusal::new(
+            ErrorCode::SandboxEnded,
+            format!("session {name} has ended; it takes no more commands"),
+        ));
     }
     limits::room_for_one_more(name, counts)
 }
@@ -48,7 +51,8 @@ mod tests {
         Counts { admitted, finished }
     }
 
-    const RUNNING: &str = "metadata: {name: box, namespace: ns}\nspec: {mode: commands, image: i}\nstatus: {phase: running}\n";
+    const RUNNING: &str =
+        "metadata: {name: box, namespace: ns}\nspec: {mode: commands, image: i}\nstatus: {phase: running}\n";
 
     #[test]
     fn a_missing_or_ended_session_takes_no_command() {
@@ -63,7 +67,9 @@ mod tests {
             let refused = command_create("ns", "box", Some(&sandbox(s)), counts(0, 0)).unwrap_err();
             assert_eq!(refused.code, ErrorCode::SandboxEnded, "{s}");
         }
-        let paused = sandbox("metadata: {name: box}\nspec: {mode: commands, image: i, state: Paused}\nstatus: {phase: paused}\n");
+        let paused = sandbox(
+            "metadata: {name: box}\nspec: {mode: commands, image: i, state: Paused}\nstatus: {phase: paused}\n",
+        );
         assert!(command_create("ns", "box", Some(&paused), counts(0, 0)).is_ok(), "a paused session queues commands");
     }
 

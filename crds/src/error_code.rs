@@ -120,9 +120,6 @@ mod tests {
         assert_eq!(ErrorCode::ImagePreflightPending.http_status(), 409);
         assert_eq!(ErrorCode::PreflightTooLarge.http_status(), 422);
         assert_eq!(ErrorCode::SandboxLiveSnapshotUnsupported.http_status(), 501);
-        assert_eq!(
-            ErrorCode::SandboxPauseUnavailable.message("x"),
-            "sandbox_pause_unavailable: x"
-        );
+        assert_eq!(ErrorCode::SandboxPauseUnavailable.message("x"), "sandbox_pause_unavailable: x");
     }
 }

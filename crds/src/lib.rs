@@ -12,16 +12,16 @@ pub mod heartbeat;
 pub mod manifests;
 pub mod output_keys;
 pub mod sandbox;
-mod schema;
 pub mod sandbox_template;
+mod schema;
 pub mod session_token;
 
 pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job_id};
 pub use error_code::ErrorCode;
 pub use sandbox::{
-    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion,
-    DesiredState, Egress, IdleAction, IdlePolicy, Mode, PauseProgress, Phase, ResetStepStatus, Sandbox, SandboxSpec,
-    SandboxStatus, Size,
+    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion, DesiredState,
+    Egress, IdleAction, IdlePolicy, Mode, PauseProgress, Phase, ResetStepStatus, Sandbox, SandboxSpec, SandboxStatus,
+    Size,
 };
 pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
 pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};

@@ -72,14 +72,8 @@ fn edited(
 /// All four CRDs, in install order.
 pub fn all() -> Result<Vec<Manifest>, ManifestError> {
     Ok(vec![
-        Manifest {
-            file_name: "sandboxes.hangar.dev.yaml",
-            crd: edited("Sandbox", Sandbox::crd(), schema::sandbox)?,
-        },
-        Manifest {
-            file_name: "commands.hangar.dev.yaml",
-            crd: edited("Command", Command::crd(), schema::command)?,
-        },
+        Manifest { file_name: "sandboxes.hangar.dev.yaml", crd: edited("Sandbox", Sandbox::crd(), schema::sandbox)? },
+        Manifest { file_name: "commands.hangar.dev.yaml", crd: edited("Command", Command::crd(), schema::command)? },
         Manifest {
             file_name: "sessiontokens.hangar.dev.yaml",
             crd: edited("SessionToken", SessionToken::crd(), schema::session_token)?,
@@ -166,8 +160,7 @@ mod tests {
     /// read back from the apiserver would differ from one built in Rust.
     #[test]
     fn schema_defaults_match_serde_defaults() {
-        let spec: crate::SandboxSpec =
-            serde_json::from_value(serde_json::json!({"image": "x@sha256:00"})).unwrap();
+        let spec: crate::SandboxSpec = serde_json::from_value(serde_json::json!({"image": "x@sha256:00"})).unwrap();
         let sandbox = all().unwrap().remove(0).crd;
         let props = serde_json::to_value(&sandbox).unwrap()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
             ["properties"]["spec"]["properties"]

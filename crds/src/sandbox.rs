@@ -369,10 +369,7 @@ mod tests {
     #[test]
     fn idle_defaults_apply_in_commands_mode_only() {
         let spec: SandboxSpec = serde_json::from_value(serde_json::json!({"mode": "commands"})).unwrap();
-        assert_eq!(
-            spec.idle_policy(),
-            Some(IdlePolicy { timeout_seconds: 900, action: IdleAction::End })
-        );
+        assert_eq!(spec.idle_policy(), Some(IdlePolicy { timeout_seconds: 900, action: IdleAction::End }));
         let agent: SandboxSpec = serde_json::from_value(serde_json::json!({})).unwrap();
         assert_eq!(agent.mode, Mode::Agent);
         assert_eq!(agent.idle_policy(), None);
@@ -380,9 +377,6 @@ mod tests {
             serde_json::json!({"mode": "commands", "idleTimeoutSeconds": 60, "idleAction": "pause"}),
         )
         .unwrap();
-        assert_eq!(
-            set.idle_policy(),
-            Some(IdlePolicy { timeout_seconds: 60, action: IdleAction::Pause })
-        );
+        assert_eq!(set.idle_policy(), Some(IdlePolicy { timeout_seconds: 60, action: IdleAction::Pause }));
     }
 }

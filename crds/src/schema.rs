@@ -45,20 +45,15 @@ impl<'a> SchemaEditor<'a> {
 
     fn set(&mut self, path: &str, key: &str, value: Value) -> &mut Self {
         let node = self.node(path);
-        node.as_object_mut()
-            .unwrap_or_else(|| panic!("{path:?} is not a schema object"))
-            .insert(key.to_owned(), value);
+        node.as_object_mut().unwrap_or_else(|| panic!("{path:?} is not a schema object")).insert(key.to_owned(), value);
         self
     }
 
     /// Adds a CEL rule whose message is `<code>: <text>`.
     pub(crate) fn rule(&mut self, path: &str, rule: &str, code: ErrorCode, text: &str) -> &mut Self {
         let node = self.node(path);
-        let list = node
-            .as_object_mut()
-            .expect("schema object")
-            .entry("x-kubernetes-validations")
-            .or_insert_with(|| json!([]));
+        let list =
+            node.as_object_mut().expect("schema object").entry("x-kubernetes-validations").or_insert_with(|| json!([]));
         list.as_array_mut().expect("list").push(json!({
             "rule": rule,
             "message": code.message(text),
@@ -81,12 +76,7 @@ impl<'a> SchemaEditor<'a> {
     /// `lo <= value <= hi`.
     pub(crate) fn range(&mut self, path: &str, lo: i64, hi: i64, code: ErrorCode) -> &mut Self {
         let field = label(path);
-        self.rule(
-            path,
-            &format!("self >= {lo} && self <= {hi}"),
-            code,
-            &format!("{field} must be from {lo} to {hi}"),
-        )
+        self.rule(path, &format!("self >= {lo} && self <= {hi}"), code, &format!("{field} must be from {lo} to {hi}"))
     }
 
     /// One of a fixed set of strings. Replaces the `enum` keyword schemars
@@ -104,12 +94,7 @@ impl<'a> SchemaEditor<'a> {
         };
         obj.insert("description".into(), json!(merged));
         self.max_length(path, 64);
-        self.rule(
-            path,
-            &format!("self in [{list}]"),
-            code,
-            &format!("{field} must be one of {}", values.join(", ")),
-        )
+        self.rule(path, &format!("self in [{list}]"), code, &format!("{field} must be one of {}", values.join(", ")))
     }
 
     /// Matches an RE2 pattern (no backslashes: use character classes).
@@ -127,12 +112,7 @@ impl<'a> SchemaEditor<'a> {
     /// A field that is always present (required or defaulted) and never changes.
     pub(crate) fn immutable(&mut self, path: &str) -> &mut Self {
         let field = label(path);
-        self.rule(
-            path,
-            "self == oldSelf",
-            SandboxRequestInvalid,
-            &format!("{field} cannot change after create"),
-        )
+        self.rule(path, "self == oldSelf", SandboxRequestInvalid, &format!("{field} cannot change after create"))
     }
 
     /// An optional field of the object at `parent` that may not be added,
@@ -210,12 +190,7 @@ pub(crate) fn sandbox(e: &mut SchemaEditor) {
 
     e.max_items("spec.companions", 16)
         .max_length("spec.companions[].name", 63)
-        .pattern(
-            "spec.companions[].name",
-            DNS_LABEL,
-            SandboxRequestInvalid,
-            "a companion name must be a DNS label",
-        )
+        .pattern("spec.companions[].name", DNS_LABEL, SandboxRequestInvalid, "a companion name must be a DNS label")
         .rule(
             "spec.companions",
             "self.all(c, self.exists_one(d, d.name == c.name))",
@@ -226,12 +201,7 @@ pub(crate) fn sandbox(e: &mut SchemaEditor) {
     e.immutable_optional("spec", "companions");
 
     e.max_length("spec.tenant", 256)
-        .pattern(
-            "spec.tenant",
-            TENANT,
-            SandboxRequestInvalid,
-            "tenant must match ^[a-z0-9][a-z0-9._-]{0,62}$",
-        )
+        .pattern("spec.tenant", TENANT, SandboxRequestInvalid, "tenant must match ^[a-z0-9][a-z0-9._-]{0,62}$")
         .immutable_optional("spec", "tenant");
 
     e.range("spec.idleTimeoutSeconds", 60, 86400, SandboxRequestInvalid)
@@ -311,21 +281,11 @@ pub(crate) fn command(e: &mut SchemaEditor) {
         .immutable("spec.argv");
     e.max_items("spec.env", 256)
         .max_length("spec.env[].name", 256)
-        .pattern(
-            "spec.env[].name",
-            ENV_NAME,
-            SandboxRequestInvalid,
-            "an env name must match ^[A-Za-z_][A-Za-z0-9_]*$",
-        )
+        .pattern("spec.env[].name", ENV_NAME, SandboxRequestInvalid, "an env name must match ^[A-Za-z_][A-Za-z0-9_]*$")
         .max_length("spec.env[].value", 32768)
         .immutable_optional("spec", "env");
     e.max_length("spec.workingDir", 4096)
-        .rule(
-            "spec.workingDir",
-            "self.startsWith('/')",
-            SandboxRequestInvalid,
-            "workingDir must be an absolute path",
-        )
+        .rule("spec.workingDir", "self.startsWith('/')", SandboxRequestInvalid, "workingDir must be an absolute path")
         .immutable_optional("spec", "workingDir");
     e.range("spec.timeoutSeconds", 1, 86400, SandboxRequestInvalid)
         .default("spec.timeoutSeconds", json!(crate::command::DEFAULT_TIMEOUT_SECONDS))

@@ -49,7 +49,13 @@ pub async fn cancel(api: &Api<Command>, name: &str) {
 
 /// Polls until `pred` holds; on the deadline, fails with the status and
 /// the tails of the worker and supervisor logs.
-pub async fn wait_command(stack: &LocalStack, api: &Api<Command>, name: &str, what: &str, pred: impl Fn(&Command) -> bool) -> Command {
+pub async fn wait_command(
+    stack: &LocalStack,
+    api: &Api<Command>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Command) -> bool,
+) -> Command {
     crate::sessions::wait_object(api, name, what, pred, |c| {
         format!(
             "status: {}\n{}",
@@ -104,7 +110,13 @@ pub async fn output_keys(client: &kube::Client, session_id: &str, attempt: i64) 
 }
 
 /// Every chunk of command `number` past `after`.
-pub async fn read_output(stack: &LocalStack, keys: &HashMap<u32, [u8; 32]>, session_id: &str, number: u32, after: u64) -> Vec<Chunk> {
+pub async fn read_output(
+    stack: &LocalStack,
+    keys: &HashMap<u32, [u8; 32]>,
+    session_id: &str,
+    number: u32,
+    after: u64,
+) -> Vec<Chunk> {
     let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k).expect("key"));
     stack.output_store().read_after(session_id, number, after, &key).await.expect("read output")
 }

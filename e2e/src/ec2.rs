@@ -47,6 +47,8 @@ pub async fn session_volumes(ec2: &aws_sdk_ec2::Client, session_id: &str) -> Vec
         .expect("DescribeVolumes");
     out.volumes()
         .iter()
-        .map(|v| (v.volume_id().unwrap_or_default().to_owned(), v.state().map(|s| s.as_str().to_owned()).unwrap_or_default()))
+        .map(|v| {
+            (v.volume_id().unwrap_or_default().to_owned(), v.state().map(|s| s.as_str().to_owned()).unwrap_or_default())
+        })
         .collect()
 }

@@ -126,11 +126,7 @@ async fn read_request(sock: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)
 async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>>>, seen: Arc<Mutex<Vec<Seen>>>) {
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
-    let action = text
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("Action="))
-        .unwrap_or_default()
-        .to_owned();
+    let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or_default().to_owned();
     let injected = {
         let mut faults = faults.lock().expect("faults");
         faults

@@ -80,7 +80,14 @@ impl GatewayClient {
         Self { http, base: format!("https://127.0.0.1:{port}") }
     }
 
-    pub async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(t) = token {
@@ -115,7 +122,15 @@ pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str)
     run(&["create", "serviceaccount", name, "-n", namespace]);
     if !verbs.is_empty() {
         let verb_arg = format!("--verb={verbs}");
-        run(&["create", "role", name, "-n", namespace, &verb_arg, "--resource=sandboxes.hangar.dev,commands.hangar.dev"]);
+        run(&[
+            "create",
+            "role",
+            name,
+            "-n",
+            namespace,
+            &verb_arg,
+            "--resource=sandboxes.hangar.dev,commands.hangar.dev",
+        ]);
         let sa = format!("--serviceaccount={namespace}:{name}");
         run(&["create", "rolebinding", name, "-n", namespace, &format!("--role={name}"), &sa]);
     }

@@ -131,7 +131,12 @@ impl NodeSimulator {
 
 type TickResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig, nodes: &mut HashMap<String, SimNode>) -> TickResult {
+async fn tick(
+    client: &kube::Client,
+    ec2: &aws_sdk_ec2::Client,
+    cfg: &SimConfig,
+    nodes: &mut HashMap<String, SimNode>,
+) -> TickResult {
     let out = ec2
         .describe_instances()
         .filters(Filter::builder().name("tag:hangar.dev/cluster").values(&cfg.cluster_name).build())
@@ -144,16 +149,14 @@ async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig,
         let state = i.state().and_then(|s| s.name()).cloned().unwrap_or(InstanceStateName::Pending);
         match state {
             InstanceStateName::Running => {
-                let node = nodes
-                    .entry(id.to_owned())
-                    .or_insert_with(|| SimNode {
-                        name: id.to_owned(),
-                        worker: None,
-                        supervisor: None,
-                        volume: None,
-                        ready: false,
-                        lease_renewed: None,
-                    });
+                let node = nodes.entry(id.to_owned()).or_insert_with(|| SimNode {
+                    name: id.to_owned(),
+                    worker: None,
+                    supervisor: None,
+                    volume: None,
+                    ready: false,
+                    lease_renewed: None,
+                });
                 if !node.ready {
                     register(&node_api, &node.name, id, zone, true).await?;
                     node.ready = true;
@@ -167,11 +170,11 @@ async fn tick(client: &kube::Client, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig,
                 if node.worker.as_mut().is_some_and(|w| w.check_alive().is_err()) {
                     node.worker = None;
                 }
-                if node.worker.is_none() {
-                    if let Some(volume) = attached_volume(ec2, id).await? {
-                        node.worker = Some(start_worker(cfg, &node.name, &volume)?);
-                        node.volume = Some(volume);
-                    }
+                if node.worker.is_none()
+                    && let Some(volume) = attached_volume(ec2, id).await?
+                {
+                    node.worker = Some(start_worker(cfg, &node.name, &volume)?);
+                    node.volume = Some(volume);
                 }
             }
             InstanceStateName::Stopping | InstanceStateName::Stopped => {
@@ -375,7 +378,8 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
         if !live {
             // The instance stopped: its containers are gone until it runs again.
             if phase.as_deref() == Some("Running") && nodes.values().any(|n| n.name == node) {
-                let patch = json!({"status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}});
+                let patch =
+                    json!({"status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}});
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             }
             continue;
@@ -387,10 +391,10 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
                 kill_marked(&format!("HANGAR_SIM_CONTAINER={node}"));
                 n.supervisor = None;
             }
-            if n.supervisor.is_none() {
-                if let Some(volume) = n.volume.clone() {
-                    n.supervisor = Some(start_supervisor(cfg, &node, &volume, &pod)?);
-                }
+            if n.supervisor.is_none()
+                && let Some(volume) = n.volume.clone()
+            {
+                n.supervisor = Some(start_supervisor(cfg, &node, &volume, &pod)?);
             }
         }
         if phase.as_deref() == Some("Running") {

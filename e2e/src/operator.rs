@@ -102,7 +102,9 @@ impl OperatorProcess {
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let port = self.metrics_port;
         let process = self.process.as_mut().ok_or(crate::error::HarnessError::NotStarted("hangar-operator"))?;
-        wait_until("hangar-operator /readyz", process, timeout, || http_get(port, "/readyz").is_ok_and(|(s, _)| s == 200))
+        wait_until("hangar-operator /readyz", process, timeout, || {
+            http_get(port, "/readyz").is_ok_and(|(s, _)| s == 200)
+        })
     }
 
     /// `Err` with its log tail when the process has exited.

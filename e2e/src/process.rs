@@ -15,6 +15,9 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 use crate::error::{HarnessError, Result, io};
 
 type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
@@ -53,18 +56,10 @@ impl ChildProcess {
         let out = File::options().create(true).append(true).open(log).map_err(io(format!("open {}", log.display())))?;
         let err = out.try_clone().map_err(io("dup log"))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Its own process group, so Ctrl-C in `make up` reaches us
-                // first and we stop children in order.
-                libc::setpgid(0, 0);
-                Ok(())
-            });
-        }
+        // Its own process group, so Ctrl-C in `make up` reaches us first and
+        // we stop children in order.
+        cmd.process_group(0);
+        die_with_parent(&mut cmd);
         let (tx, rx) = mpsc::channel();
         spawner().lock().expect("spawner lock").send((cmd, tx)).expect("spawner thread alive");
         let child = rx.recv().expect("spawner reply").map_err(io(format!("start {name}")))?;
@@ -78,11 +73,9 @@ impl ChildProcess {
     /// `Err(Exited)` when the process has already ended.
     pub fn check_alive(&mut self) -> Result<()> {
         match self.child.try_wait() {
-            Ok(Some(status)) => Err(HarnessError::Exited {
-                name: self.name.clone(),
-                status,
-                log_tail: tail(&self.log, 40),
-            }),
+            Ok(Some(status)) => {
+                Err(HarnessError::Exited { name: self.name.clone(), status, log_tail: tail(&self.log, 40) })
+            }
             _ => Ok(()),
         }
     }
@@ -100,7 +93,7 @@ impl ChildProcess {
     /// SIGTERM, then SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         if let Ok(None) = self.child.try_wait() {
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
             let deadline = Instant::now() + grace;
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = self.child.try_wait() {
@@ -117,6 +110,16 @@ impl ChildProcess {
 impl Drop for ChildProcess {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(3));
+    }
+}
+
+/// The child gets SIGKILL when the thread that forked it (the spawner,
+/// which lives as long as this process) ends, however this process dies.
+#[allow(unsafe_code, reason = "a pre_exec hook is unsafe by signature; it only calls prctl")]
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
     }
 }
 
@@ -229,7 +232,7 @@ fn sweep_dead(base: &Path, prefix: &str) {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(rest) = name.strip_prefix(&format!("{prefix}-")) else { continue };
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
-        if unsafe { libc::kill(pid, 0) } != 0 {
+        if kill(Pid::from_raw(pid), None).is_err() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

@@ -72,10 +72,10 @@ where
     let start = Instant::now();
     loop {
         let current = api.get_opt(name).await.unwrap_or_else(|e| panic!("get {name}: {e}"));
-        if let Some(o) = &current {
-            if pred(o) {
-                return o.clone();
-            }
+        if let Some(o) = &current
+            && pred(o)
+        {
+            return o.clone();
         }
         if start.elapsed() > DEADLINE {
             panic!("{name}: not {what} within {DEADLINE:?}; {}", describe(current.as_ref()));
@@ -86,7 +86,13 @@ where
 
 /// Polls until `pred` holds; on the deadline, fails with the last status
 /// and the operator's log.
-pub async fn wait_for(stack: &LocalStack, api: &Api<Sandbox>, name: &str, what: &str, pred: impl Fn(&Sandbox) -> bool) -> Sandbox {
+pub async fn wait_for(
+    stack: &LocalStack,
+    api: &Api<Sandbox>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Sandbox) -> bool,
+) -> Sandbox {
     wait_object(api, name, what, pred, |s| {
         format!(
             "status: {}\noperator log:\n{}",

@@ -6,10 +6,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::control_plane::ControlPlane;
 use crate::error::Result;
+use crate::gateway::{GatewayClient, GatewayProcess};
 use crate::moto::Moto;
 use crate::node_sim::{NodeSimulator, SimConfig};
 use crate::operator::{CLUSTER_NAME, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
-use crate::gateway::{GatewayClient, GatewayProcess};
 use crate::webhook::WebhookProcess;
 
 pub struct LocalStack {
@@ -35,7 +35,11 @@ pub struct StackOptions {
 impl LocalStack {
     pub fn start(cp: ControlPlane, opts: StackOptions) -> Result<Self> {
         let moto = Moto::start(Some(cp.dir()))?;
-        let status = cp.kubectl().args(["create", "namespace", SYSTEM_NAMESPACE]).output().map_err(crate::error::io("kubectl"))?;
+        let status = cp
+            .kubectl()
+            .args(["create", "namespace", SYSTEM_NAMESPACE])
+            .output()
+            .map_err(crate::error::io("kubectl"))?;
         if !status.status.success() && !String::from_utf8_lossy(&status.stderr).contains("AlreadyExists") {
             tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
         }

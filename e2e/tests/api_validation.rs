@@ -119,7 +119,11 @@ fn rows() -> Vec<Row> {
         create("image by tag", sandbox("s-tag", json!({"image": "python:3.12"})), INVALID),
         create("image and template", sandbox("s-both", json!({"template": "python-dev@1.2"})), INVALID),
         create("neither image nor template", sandbox("s-none", json!({"image": null})), INVALID),
-        create("template without version", sandbox("s-tplv", json!({"image": null, "template": "python-dev"})), INVALID),
+        create(
+            "template without version",
+            sandbox("s-tplv", json!({"image": null, "template": "python-dev"})),
+            INVALID,
+        ),
         create("idleTimeoutSeconds 59", sandbox("s-idle-lo", json!({"idleTimeoutSeconds": 59})), INVALID),
         create("idleTimeoutSeconds 86401", sandbox("s-idle-hi", json!({"idleTimeoutSeconds": 86401})), INVALID),
         create("stopAfterSeconds 3599", sandbox("s-stop-lo", json!({"stopAfterSeconds": 3599})), INVALID),
@@ -133,19 +137,38 @@ fn rows() -> Vec<Row> {
         create("unknown size", sandbox("s-size", json!({"size": "huge"})), INVALID),
         create("unknown idleAction", sandbox("s-idle-act", json!({"idleAction": "sleep"})), INVALID),
         create("unknown state", sandbox("s-state", json!({"state": "Stopped"})), INVALID),
-        create("mode agent, idleAction pause", agent("a-idle-pause", json!({"idleAction": "pause"})), "sandbox_pause_unavailable"),
+        create(
+            "mode agent, idleAction pause",
+            agent("a-idle-pause", json!({"idleAction": "pause"})),
+            "sandbox_pause_unavailable",
+        ),
         create("mode agent, idleAction end", agent("a-idle-end", json!({"idleAction": "end"})), INVALID),
         create("mode agent, idleTimeoutSeconds", agent("a-idle-t", json!({"idleTimeoutSeconds": 600})), INVALID),
         create("mode agent, state Paused", agent("a-paused", json!({"state": "Paused"})), "sandbox_pause_unavailable"),
-        create("mode defaults to agent: idle set", sandbox("d-idle", json!({"mode": null, "idleTimeoutSeconds": 600})), INVALID),
-        create("command in mode commands", sandbox("s-cmd", json!({"command": ["sh"]})), INVALID),
-        create("companion image by tag", sandbox("s-comp", json!({"companions": [{"name": "db", "image": "postgres:16"}]})), INVALID),
         create(
-            "duplicate companion names",
-            sandbox("s-comp-dup", json!({"companions": [{"name": "db", "image": image()}, {"name": "db", "image": image()}]})),
+            "mode defaults to agent: idle set",
+            sandbox("d-idle", json!({"mode": null, "idleTimeoutSeconds": 600})),
             INVALID,
         ),
-        create("egress host with a scheme", sandbox("s-egress", json!({"egress": {"allow": ["https://pypi.org"]}})), INVALID),
+        create("command in mode commands", sandbox("s-cmd", json!({"command": ["sh"]})), INVALID),
+        create(
+            "companion image by tag",
+            sandbox("s-comp", json!({"companions": [{"name": "db", "image": "postgres:16"}]})),
+            INVALID,
+        ),
+        create(
+            "duplicate companion names",
+            sandbox(
+                "s-comp-dup",
+                json!({"companions": [{"name": "db", "image": image()}, {"name": "db", "image": image()}]}),
+            ),
+            INVALID,
+        ),
+        create(
+            "egress host with a scheme",
+            sandbox("s-egress", json!({"egress": {"allow": ["https://pypi.org"]}})),
+            INVALID,
+        ),
         create(
             "attachment to a relative path",
             sandbox("s-attach", json!({"attachments": [{"secretName": "creds", "destination": "etc/creds"}]})),
@@ -165,8 +188,18 @@ fn rows() -> Vec<Row> {
             sandbox("u-image-tpl", json!({"image": null, "template": "python-dev@1.2"})),
             INVALID,
         ),
-        update("tenant is immutable", sandbox("u-tenant", json!({"tenant": "acme"})), sandbox("u-tenant", json!({"tenant": "other"})), INVALID),
-        update("tenant cannot be added", sandbox("u-tenant-add", json!({})), sandbox("u-tenant-add", json!({"tenant": "acme"})), INVALID),
+        update(
+            "tenant is immutable",
+            sandbox("u-tenant", json!({"tenant": "acme"})),
+            sandbox("u-tenant", json!({"tenant": "other"})),
+            INVALID,
+        ),
+        update(
+            "tenant cannot be added",
+            sandbox("u-tenant-add", json!({})),
+            sandbox("u-tenant-add", json!({"tenant": "acme"})),
+            INVALID,
+        ),
         update(
             "companions are immutable",
             sandbox("u-comp", json!({"companions": [{"name": "db", "image": image()}]})),
@@ -191,7 +224,12 @@ fn rows() -> Vec<Row> {
             sandbox("u-revoke", json!({"revokeAll": false})),
             "sandbox_ended",
         ),
-        update("mode agent cannot be paused", agent("u-agent-pause", json!({})), agent("u-agent-pause", json!({"state": "Paused"})), "sandbox_pause_unavailable"),
+        update(
+            "mode agent cannot be paused",
+            agent("u-agent-pause", json!({})),
+            agent("u-agent-pause", json!({"state": "Paused"})),
+            "sandbox_pause_unavailable",
+        ),
         // Command.
         create("empty argv", command("c-argv", json!({"argv": []})), INVALID),
         create("empty program", command("c-argv0", json!({"argv": [""]})), INVALID),
@@ -199,11 +237,36 @@ fn rows() -> Vec<Row> {
         create("timeoutSeconds 86401", command("c-t-hi", json!({"timeoutSeconds": 86401})), INVALID),
         create("env name with a dash", command("c-env", json!({"env": [{"name": "MY-VAR", "value": "1"}]})), INVALID),
         create("relative workingDir", command("c-wd", json!({"workingDir": "src"})), INVALID),
-        update("argv is immutable", command("cu-argv", json!({})), command("cu-argv", json!({"argv": ["rm", "-rf", "/"]})), INVALID),
-        update("sandbox reference is immutable", command("cu-sbx", json!({})), command("cu-sbx", json!({"sandbox": "other"})), INVALID),
-        update("env is immutable", command("cu-env", json!({})), command("cu-env", json!({"env": [{"name": "A", "value": "1"}]})), INVALID),
-        update("workingDir is immutable", command("cu-wd", json!({})), command("cu-wd", json!({"workingDir": "/tmp"})), INVALID),
-        update("timeoutSeconds is immutable", command("cu-t", json!({})), command("cu-t", json!({"timeoutSeconds": 10})), INVALID),
+        update(
+            "argv is immutable",
+            command("cu-argv", json!({})),
+            command("cu-argv", json!({"argv": ["rm", "-rf", "/"]})),
+            INVALID,
+        ),
+        update(
+            "sandbox reference is immutable",
+            command("cu-sbx", json!({})),
+            command("cu-sbx", json!({"sandbox": "other"})),
+            INVALID,
+        ),
+        update(
+            "env is immutable",
+            command("cu-env", json!({})),
+            command("cu-env", json!({"env": [{"name": "A", "value": "1"}]})),
+            INVALID,
+        ),
+        update(
+            "workingDir is immutable",
+            command("cu-wd", json!({})),
+            command("cu-wd", json!({"workingDir": "/tmp"})),
+            INVALID,
+        ),
+        update(
+            "timeoutSeconds is immutable",
+            command("cu-t", json!({})),
+            command("cu-t", json!({"timeoutSeconds": 10})),
+            INVALID,
+        ),
         update(
             "cancel is final",
             command("cu-cancel", json!({"cancel": true})),
@@ -220,16 +283,50 @@ fn rows() -> Vec<Row> {
         create("RSA key", token("t-rsa", json!({"publicKey": {"kty": "RSA"}})), INVALID),
         create("P-384 key", token("t-p384", json!({"publicKey": {"crv": "P-384"}})), INVALID),
         create("short x coordinate", token("t-x", json!({"publicKey": {"x": "abc"}})), INVALID),
-        update("scopes are immutable", token("tu-scopes", json!({})), token("tu-scopes", json!({"scopes": ["read", "control"]})), INVALID),
-        update("publicKey is immutable", token("tu-key", json!({})), token("tu-key", json!({"publicKey": {"x": Y, "y": X}})), INVALID),
-        update("token sandbox is immutable", token("tu-sbx", json!({})), token("tu-sbx", json!({"sandbox": "other"})), INVALID),
-        update("ttlSeconds is immutable", token("tu-ttl", json!({})), token("tu-ttl", json!({"ttlSeconds": 86400})), INVALID),
-        update("revoked is final", token("tu-revoked", json!({"revoked": true})), token("tu-revoked", json!({"revoked": false})), INVALID),
+        update(
+            "scopes are immutable",
+            token("tu-scopes", json!({})),
+            token("tu-scopes", json!({"scopes": ["read", "control"]})),
+            INVALID,
+        ),
+        update(
+            "publicKey is immutable",
+            token("tu-key", json!({})),
+            token("tu-key", json!({"publicKey": {"x": Y, "y": X}})),
+            INVALID,
+        ),
+        update(
+            "token sandbox is immutable",
+            token("tu-sbx", json!({})),
+            token("tu-sbx", json!({"sandbox": "other"})),
+            INVALID,
+        ),
+        update(
+            "ttlSeconds is immutable",
+            token("tu-ttl", json!({})),
+            token("tu-ttl", json!({"ttlSeconds": 86400})),
+            INVALID,
+        ),
+        update(
+            "revoked is final",
+            token("tu-revoked", json!({"revoked": true})),
+            token("tu-revoked", json!({"revoked": false})),
+            INVALID,
+        ),
         // SandboxTemplate (cluster-scoped).
-        create("template sbomDigest not sha256", template("tpl-sbom", json!({"manifest": {"sbomDigest": "md5:00"}})), INVALID),
+        create(
+            "template sbomDigest not sha256",
+            template("tpl-sbom", json!({"manifest": {"sbomDigest": "md5:00"}})),
+            INVALID,
+        ),
         create("template image by tag", template("tpl-img", json!({"manifest": {"image": "python:3"}})), INVALID),
         create("template name with @", template("tpl-name", json!({"name": "python@dev"})), INVALID),
-        update("template is immutable", template("tpl-imm", json!({})), template("tpl-imm", json!({"version": "2.0"})), INVALID),
+        update(
+            "template is immutable",
+            template("tpl-imm", json!({})),
+            template("tpl-imm", json!({"version": "2.0"})),
+            INVALID,
+        ),
     ]
 }
 
@@ -309,7 +406,11 @@ fn every_example_is_accepted() {
 fn committed_crd_yaml_applies_with_kubectl() {
     let cp = shared_control_plane();
     let dir = hangar_e2e::paths::repo_root().join("crds/manifests");
-    let (ok, out) = kubectl(cp, &["apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", dir.to_str().unwrap()], None);
+    let (ok, out) = kubectl(
+        cp,
+        &["apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", dir.to_str().unwrap()],
+        None,
+    );
     assert!(ok, "{out}");
     assert_eq!(out.matches("serverside-applied").count(), 4, "{out}");
 }

@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use hangar_crds::{Command, CommandPhase, Phase, Sandbox};
-use hangar_e2e::commands::{self as cmds, concat, phase as cphase, read_output, sh, stream, wait_command, wait_command_phase};
+use hangar_e2e::commands::{
+    self as cmds, concat, phase as cphase, read_output, sh, stream, wait_command, wait_command_phase,
+};
 use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
 use hangar_e2e::{LocalStack, shared_stack};
 use hangar_output::Stream;
@@ -107,7 +109,8 @@ async fn timeouts_cancels_and_final_statuses() {
     assert!(err.to_string().contains("number never changes"), "{err}");
     // Cancel is final, and cancelling an exited command changes nothing.
     cmds::cancel(&api, "ok").await;
-    let undo = api.patch("cancel-me", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"cancel": false}}))).await;
+    let undo =
+        api.patch("cancel-me", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"cancel": false}}))).await;
     assert!(undo.unwrap_err().to_string().contains("sandbox_command_cancelled"));
     let still = wait_command(stack, &api, "ok", "seen", |c| c.spec.cancel).await;
     assert_eq!(cphase(&still), Some(CommandPhase::Exited));
@@ -133,7 +136,12 @@ async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command
     futures::future::join_all(creates).await;
     let mut all = Vec::new();
     for i in 1..=20 {
-        all.push(wait_command(stack, &api, &format!("g{i:02}"), "numbered", |c| c.status.as_ref().and_then(|s| s.number).is_some()).await);
+        all.push(
+            wait_command(stack, &api, &format!("g{i:02}"), "numbered", |c| {
+                c.status.as_ref().and_then(|s| s.number).is_some()
+            })
+            .await,
+        );
     }
     let numbers: BTreeSet<u32> = all.iter().map(number).collect();
     assert_eq!(numbers, (1..=20).collect(), "1..20, no gap, no duplicate");
@@ -148,13 +156,15 @@ async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let mut queued: Vec<u32> =
-        list.iter().filter(|c| cphase(c) == Some(CommandPhase::Queued)).map(number).collect();
+    let mut queued: Vec<u32> = list.iter().filter(|c| cphase(c) == Some(CommandPhase::Queued)).map(number).collect();
     queued.sort();
     assert_eq!(queued, vec![17, 18, 19, 20], "the highest numbers wait");
     let counts = |total, unfinished, running| {
         move |s: &Sandbox| {
-            s.status.as_ref().and_then(|st| st.commands.as_ref()).is_some_and(|c| (c.total, c.unfinished, c.running) == (total, unfinished, running))
+            s.status
+                .as_ref()
+                .and_then(|st| st.commands.as_ref())
+                .is_some_and(|c| (c.total, c.unfinished, c.running) == (total, unfinished, running))
         }
     };
     sessions::wait_for(stack, &boxes, "box", "counting 20 commands, 16 running", counts(20, 20, 16)).await;
@@ -188,7 +198,10 @@ async fn a_pause_kills_running_commands_and_queued_ones_run_after_resume() {
         cmds::create(&api, &sh(&format!("r{i:02}"), "box", "echo before-pause; exec sleep 300")).await;
     }
     for i in 1..=16 {
-        wait_command(stack, &api, &format!("r{i:02}"), "running with output", |c| cphase(c) == Some(CommandPhase::Running)).await;
+        wait_command(stack, &api, &format!("r{i:02}"), "running with output", |c| {
+            cphase(c) == Some(CommandPhase::Running)
+        })
+        .await;
     }
     cmds::create(&api, &sh("queued", "box", "echo ran-in-attempt-2; cat notes")).await;
     wait_command_phase(stack, &api, "queued", CommandPhase::Queued).await;
@@ -245,7 +258,7 @@ async fn a_worker_killed_mid_stream_loses_and_repeats_nothing() {
     }
     let pid = stack.sim.pid(&node, "worker").expect("worker pid");
     // SAFETY: the simulated node's worker, started by this test's stack.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     let c = wait_command_phase(stack, &api, "stream", CommandPhase::Exited).await;
     assert_ne!(stack.sim.pid(&node, "worker"), Some(pid), "a new worker finished the job");
     let keys = cmds::output_keys(&stack.cp.client().await.unwrap(), &sid, 1).await;
@@ -273,7 +286,7 @@ async fn a_command_running_when_its_container_died_ends_outcome_unknown_and_neve
     }
     let pid = stack.sim.pid(&node, "supervisor").expect("supervisor pid");
     // SAFETY: the simulated agent container's PID 1.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     let c = wait_command_phase(stack, &api, "victim", CommandPhase::OutcomeUnknown).await;
     assert!(c.status.as_ref().unwrap().reason.is_some());
     // A new command runs in the restarted container; the victim did not run again.
@@ -289,7 +302,10 @@ async fn a_command_for_a_missing_or_ended_session_is_refused_and_nothing_is_crea
     ensure_namespace(&client, "cmd-refused").await;
     let api: Api<Command> = Api::namespaced(client.clone(), "cmd-refused");
     let err = api.create(&PostParams::default(), &sh("orphan", "nope", "true")).await.unwrap_err();
-    assert!(matches!(&err, kube::Error::Api(e) if e.code == 404 && e.message.contains("sandbox_not_found: no Sandbox nope")), "{err}");
+    assert!(
+        matches!(&err, kube::Error::Api(e) if e.code == 404 && e.message.contains("sandbox_not_found: no Sandbox nope")),
+        "{err}"
+    );
     assert!(api.get_opt("orphan").await.unwrap().is_none());
 
     let boxes: Api<Sandbox> = Api::namespaced(client, "cmd-refused");
@@ -315,7 +331,10 @@ async fn the_65th_unfinished_and_the_248th_command_are_refused() {
     let (_, api, s) = session(stack, "cmd-admission").await;
     let workspace = stack.sim.volume_dir(s.status.as_ref().unwrap().volume_id.as_ref().unwrap());
     let limit = |e: kube::Error, text: &str| {
-        assert!(matches!(&e, kube::Error::Api(a) if a.code == 409 && a.message.contains(&format!("sandbox_command_limit: {text}"))), "{e}");
+        assert!(
+            matches!(&e, kube::Error::Api(a) if a.code == 409 && a.message.contains(&format!("sandbox_command_limit: {text}"))),
+            "{e}"
+        );
     };
 
     // 64 unfinished (16 running, 48 queued): the 65th is refused.

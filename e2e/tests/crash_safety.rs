@@ -5,7 +5,6 @@
 //! tag in EC2 (moto ignores ClientToken, so only the look-up by tag
 //! prevents a second launch).
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::InstanceStateName;
@@ -17,9 +16,8 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-
 /// The tests restart the one shared operator: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn setup(ns: &str) -> (Api<Sandbox>, aws_sdk_ec2::Client) {
     let stack = shared_stack();
@@ -45,11 +43,14 @@ async fn wait_operator_exit() {
 }
 
 fn live(instances: &[(String, InstanceStateName)]) -> usize {
-    instances.iter().filter(|(_, s)| !matches!(s, InstanceStateName::Terminated | InstanceStateName::ShuttingDown)).count()
+    instances
+        .iter()
+        .filter(|(_, s)| !matches!(s, InstanceStateName::Terminated | InstanceStateName::ShuttingDown))
+        .count()
 }
 
 async fn crash_during_launch(failpoint: &str, ns: &str) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let (api, ec2) = setup(ns).await;
     shared_stack().operator().restart_with(&[("HANGAR_FAILPOINTS", failpoint)]).unwrap();
     let sandbox = create(&api, "crashy").await;
@@ -89,7 +90,7 @@ async fn killed_right_after_create_volume_creates_one_volume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_pause_converges_to_paused_then_resumes() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let (api, ec2) = setup("crash-pause").await;
     shared_stack().operator().restart_with(&[]).unwrap();
     let sandbox = create(&api, "pausy").await;

@@ -15,7 +15,6 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-
 struct Faulty {
     proxy: FaultProxy,
     stack: LocalStack,
@@ -39,7 +38,10 @@ async fn start_session(stack: &LocalStack, ns: &str, name: &str) -> (Api<Sandbox
     let client = stack.cp.client().await.unwrap();
     ensure_namespace(&client, ns).await;
     let api: Api<Sandbox> = Api::namespaced(client, ns);
-    let created = api.create(&PostParams::default(), &sessions::sandbox(name, "commands", json!({"size": "small"}))).await.unwrap();
+    let created = api
+        .create(&PostParams::default(), &sessions::sandbox(name, "commands", json!({"size": "small"})))
+        .await
+        .unwrap();
     (api, created)
 }
 
@@ -102,7 +104,12 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     let session = created.uid().unwrap();
     let s = sessions::wait_for(&f.stack, &api, "badami", "failed", |s| {
         let phase = sessions::phase(s);
-        assert_ne!(phase, Some(Phase::Running), "launched past the injected fault; the proxy saw {:#?}", f.proxy.seen(marker));
+        assert_ne!(
+            phase,
+            Some(Phase::Running),
+            "launched past the injected fault; the proxy saw {:#?}",
+            f.proxy.seen(marker)
+        );
         phase == Some(Phase::Failed)
     })
     .await;

@@ -74,7 +74,11 @@ async fn members_drive_commands_and_read_output_through_the_gateway() {
     let other = json!({"argv": ["true"]});
     let (st, body) = gw.call("POST", &format!("{base}/commands"), Some(&member), Some(&other), &key).await;
     assert_eq!((st, code(&body)), (400, "sandbox_request_invalid"));
-    for bad in [json!({"argv": ["sh"], "stdin": "ls\n"}), json!({"argv": ["bash"], "tty": true}), json!({"argv": ["bash"], "interactive": true})] {
+    for bad in [
+        json!({"argv": ["sh"], "stdin": "ls\n"}),
+        json!({"argv": ["bash"], "tty": true}),
+        json!({"argv": ["bash"], "interactive": true}),
+    ] {
         let (st, body) = gw.call("POST", &format!("{base}/commands"), Some(&member), Some(&bad), &[]).await;
         assert_eq!((st, code(&body)), (400, "bad_request"), "{bad}");
     }
@@ -147,7 +151,11 @@ async fn members_drive_commands_and_read_output_through_the_gateway() {
 
     // An ended session takes no command.
     boxes
-        .patch("box", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&json!({"spec": {"state": "Ended"}})))
+        .patch(
+            "box",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"spec": {"state": "Ended"}})),
+        )
         .await
         .unwrap();
     let deadline = Instant::now() + sessions::DEADLINE;

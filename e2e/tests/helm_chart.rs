@@ -121,14 +121,19 @@ fn operator_runs_leader_elected() {
 #[test]
 fn operator_accepts_the_charts_flags_and_environment() {
     let docs = render(&[
-        "--set", "aws.subnets.ap-southeast-2a=subnet-0a1b",
-        "--set", "aws.securityGroups[0]=sg-0c1d",
-        "--set", "aws.amiId=ami-0e1f",
-        "--set", "watchNamespaces={team-a}",
+        "--set",
+        "aws.subnets.ap-southeast-2a=subnet-0a1b",
+        "--set",
+        "aws.securityGroups[0]=sg-0c1d",
+        "--set",
+        "aws.amiId=ami-0e1f",
+        "--set",
+        "watchNamespaces={team-a}",
     ]);
     let deploy = find(&docs, "Deployment", "hangar-operator", Some("hangar-system")).unwrap();
     let container = &deploy["spec"]["template"]["spec"]["containers"][0];
-    let args: Vec<String> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    let args: Vec<String> =
+        container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
     let mut cmd = std::process::Command::new(hangar_e2e::operator::workspace_binary("hangar-operator"));
     cmd.args(&args).arg("--print-settings");
     for e in container["env"].as_sequence().unwrap() {
@@ -188,12 +193,8 @@ fn chart_installs_and_grants_least_privilege() {
 
     // The chart's crds/ installed the four CRDs.
     let names = ["sandboxes", "commands", "sessiontokens", "sandboxtemplates"].map(|n| format!("crd/{n}.hangar.dev"));
-    let out = cp
-        .kubectl()
-        .args(["wait", "--for=condition=Established", "--timeout=60s"])
-        .args(&names)
-        .output()
-        .unwrap();
+    let out =
+        cp.kubectl().args(["wait", "--for=condition=Established", "--timeout=60s"]).args(&names).output().unwrap();
     assert!(out.status.success(), "CRDs Established: {}", text(&out));
     let out = cp.kubectl().args(["get", "deploy,sa", "-n", "hangar-system", "-o", "name"]).output().unwrap();
     for obj in ["deployment.apps/hangar-operator", "serviceaccount/hangar-operator", "serviceaccount/hangar-gateway"] {

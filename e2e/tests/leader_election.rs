@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use hangar_e2e::ControlPlane;
-use hangar_runtime::leader::{LeaseSettings, Leadership};
+use hangar_runtime::leader::{Leadership, LeaseSettings};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 

@@ -81,7 +81,7 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     let names = ["etcd", "kube-apiserver", "moto_server", "hangar-webhook", "hangar-operator", "hangar-gateway"];
     let pids: Vec<i32> = names.iter().flat_map(|name| children_named(up.id() as i32, name)).collect();
     assert_eq!(pids.len(), names.len(), "expected one child each of {names:?}");
-    unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = up.try_wait().unwrap() {

@@ -18,12 +18,17 @@ use serde_json::json;
 fn parse(who: &str, text: &str) -> Vec<prometheus_parse::Sample> {
     assert!(!text.is_empty(), "{who}: empty /metrics");
     let lines = text.lines().map(|l| Ok(l.to_owned()));
-    let scrape = prometheus_parse::Scrape::parse(lines).unwrap_or_else(|e| panic!("{who}: not exposition text: {e}\n{text}"));
+    let scrape =
+        prometheus_parse::Scrape::parse(lines).unwrap_or_else(|e| panic!("{who}: not exposition text: {e}\n{text}"));
     let mut seen = HashSet::new();
     for s in &scrape.samples {
         let mut labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         labels.sort();
-        assert!(seen.insert((s.metric.clone(), labels.clone())), "{who}: series {} {labels:?} twice:\n{text}", s.metric);
+        assert!(
+            seen.insert((s.metric.clone(), labels.clone())),
+            "{who}: series {} {labels:?} twice:\n{text}",
+            s.metric
+        );
     }
     scrape.samples
 }
@@ -34,7 +39,9 @@ fn total(samples: &[prometheus_parse::Sample], metric: &str, with: &[(&str, &str
         .iter()
         .filter(|s| s.metric == metric && with.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
         .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
             _ => 0.0,
         })
         .sum()

@@ -7,17 +7,15 @@ use hangar_e2e::process::http_request;
 
 fn auth(service: &str) -> String {
     // moto routes by the credential scope; it does not check signatures.
-    format!("AWS4-HMAC-SHA256 Credential=AKIDLOCAL/20261130/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0")
+    format!(
+        "AWS4-HMAC-SHA256 Credential=AKIDLOCAL/20261130/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
+    )
 }
 
 fn ec2(moto: &Moto, query: &str) -> String {
-    let (status, body) = http_request(
-        moto.port,
-        "GET",
-        &format!("/?{query}&Version=2016-11-15"),
-        &[("Authorization", &auth("ec2"))],
-    )
-    .expect("EC2 request");
+    let (status, body) =
+        http_request(moto.port, "GET", &format!("/?{query}&Version=2016-11-15"), &[("Authorization", &auth("ec2"))])
+            .expect("EC2 request");
     assert_eq!(status, 200, "{query}: {body}");
     body
 }
@@ -36,15 +34,9 @@ fn ec2_keeps_instances_and_filters_them_by_tag() {
     let id = run.split("<instanceId>").nth(1).and_then(|r| r.split('<').next()).expect("an instance id");
     assert!(id.starts_with("i-"), "{run}");
 
-    let found = ec2(
-        &moto,
-        "Action=DescribeInstances&Filter.1.Name=tag:hangar.dev/session-id&Filter.1.Value.1=s-1",
-    );
+    let found = ec2(&moto, "Action=DescribeInstances&Filter.1.Name=tag:hangar.dev/session-id&Filter.1.Value.1=s-1");
     assert!(found.contains(id), "tag filter finds the instance: {found}");
-    let other = ec2(
-        &moto,
-        "Action=DescribeInstances&Filter.1.Name=tag:hangar.dev/session-id&Filter.1.Value.1=s-2",
-    );
+    let other = ec2(&moto, "Action=DescribeInstances&Filter.1.Name=tag:hangar.dev/session-id&Filter.1.Value.1=s-2");
     assert!(!other.contains(id), "tag filter excludes other sessions: {other}");
 }
 

@@ -19,10 +19,8 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_is_erased_after_the_retention_and_reads_answer_410() {
     let cp = ControlPlane::start().unwrap();
-    let opts = StackOptions {
-        operator_env: vec![("HANGAR_RETENTION_DAY_SECONDS".into(), "1".into())],
-        ..Default::default()
-    };
+    let opts =
+        StackOptions { operator_env: vec![("HANGAR_RETENTION_DAY_SECONDS".into(), "1".into())], ..Default::default() };
     let stack = LocalStack::start(cp, opts).unwrap();
     let client = stack.cp.client().await.unwrap();
     let ns = "retention";

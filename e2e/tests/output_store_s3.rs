@@ -8,11 +8,13 @@ use hangar_output::{AttemptKey, OutputStore, OutputWriter, Stream};
 #[tokio::test]
 async fn output_round_trips_through_s3_sealed() {
     let moto = Moto::start(None).expect("moto");
-    let auth = "AWS4-HMAC-SHA256 Credential=AKIDLOCAL/20261130/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0";
+    let auth =
+        "AWS4-HMAC-SHA256 Credential=AKIDLOCAL/20261130/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0";
     let (status, body) = http_request(moto.port, "PUT", "/hangar-output", &[("Authorization", auth)]).unwrap();
     assert_eq!(status, 200, "create bucket: {body}");
     // SAFETY: this test binary has this one test; nothing else reads the
     // environment concurrently.
+    #[allow(unsafe_code, reason = "set_var is unsafe since edition 2024; see SAFETY")]
     unsafe {
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");

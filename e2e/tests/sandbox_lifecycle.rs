@@ -6,15 +6,14 @@
 
 use std::time::{Duration, Instant};
 
-
+use aws_sdk_ec2::types::InstanceStateName;
 use hangar_crds::{AttemptCause, AttemptEnd, Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
 use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace as namespace, phase};
 use hangar_e2e::shared_stack;
-use aws_sdk_ec2::types::InstanceStateName;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 fn sandbox(name: &str, mode: &str) -> Sandbox {
@@ -186,7 +185,8 @@ async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch
     .unwrap();
     Api::<SandboxTemplate>::all(client.clone()).create(&PostParams::default(), &template).await.unwrap();
     let api: Api<Sandbox> = Api::namespaced(client.clone(), "templates");
-    let from_template = sessions::sandbox("templated", "commands", json!({"image": null, "template": "python-dev@2.0"}));
+    let from_template =
+        sessions::sandbox("templated", "commands", json!({"image": null, "template": "python-dev@2.0"}));
     api.create(&PostParams::default(), &from_template).await.unwrap();
     wait_for(&api, "templated", "running", |s| phase(s) == Some(Phase::Running)).await;
     let pod = Api::<Pod>::namespaced(client.clone(), "templates").get("hangar-agent-templated").await.unwrap();

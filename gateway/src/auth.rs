@@ -78,7 +78,13 @@ impl Auth {
     }
 
     /// May `caller` `verb` the `resource` (of hangar.dev) in `namespace`?
-    pub async fn authorize(&self, caller: &Caller, namespace: &str, verb: &str, resource: &str) -> Result<(), ApiError> {
+    pub async fn authorize(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+        verb: &str,
+        resource: &str,
+    ) -> Result<(), ApiError> {
         let key = format!("{}\u{0}{}\u{0}{namespace}\u{0}{verb}\u{0}{resource}", caller.user, caller.groups.join(","));
         let cached = self.decisions.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied();
         let allowed = match cached {

@@ -32,11 +32,14 @@ pub struct NewCommand {
 const INTERACTIVE: [&str; 6] = ["stdin", "tty", "shell", "interactive", "interactiveShell", "pty"];
 
 pub fn parse(body: &[u8]) -> Result<NewCommand, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body is not JSON: {e}")))?;
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body is not JSON: {e}")))?;
     if let Some(field) = INTERACTIVE.iter().find(|f| v.get(**f).is_some()) {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
-            format!("a command has no standard input, terminal or interactive shell ({field} is not a field of a command)"),
+            format!(
+                "a command has no standard input, terminal or interactive shell ({field} is not a field of a command)"
+            ),
         ));
     }
     serde_json::from_value(v).map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
@@ -46,7 +49,11 @@ pub fn parse(body: &[u8]) -> Result<NewCommand, ApiError> {
 pub fn name_for_key(session_id: &str, key: &str) -> (String, String) {
     let d = ring::digest::digest(&ring::digest::SHA256, format!("{session_id}\u{0}{key}").as_bytes());
     let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    let key_hex: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let key_hex: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     (format!("cmd-{}", &hex[..24]), key_hex)
 }
 
@@ -82,7 +89,12 @@ fn same_request(existing: &Command, req: &NewCommand) -> bool {
 }
 
 /// Creates the command; `Ok((command, replayed))`.
-pub async fn send(api: &Api<Command>, sandbox: &Sandbox, req: &NewCommand, key: Option<&str>) -> Result<(Command, bool), ApiError> {
+pub async fn send(
+    api: &Api<Command>,
+    sandbox: &Sandbox,
+    req: &NewCommand,
+    key: Option<&str>,
+) -> Result<(Command, bool), ApiError> {
     if sandbox.has_ended() {
         return Err(ApiError::new(ErrorCode::SandboxEnded, "the session has ended; it takes no more commands"));
     }
@@ -99,10 +111,13 @@ pub async fn send(api: &Api<Command>, sandbox: &Sandbox, req: &NewCommand, key: 
                     "this Idempotency-Key was used for a different command",
                 ));
             }
-            let cancelled = existing.spec.cancel
-                || existing.status.as_ref().and_then(|s| s.phase) == Some(CommandPhase::Cancelled);
+            let cancelled =
+                existing.spec.cancel || existing.status.as_ref().and_then(|s| s.phase) == Some(CommandPhase::Cancelled);
             if cancelled {
-                return Err(ApiError::new(ErrorCode::SandboxCommandCancelled, "the command sent with this Idempotency-Key was cancelled"));
+                return Err(ApiError::new(
+                    ErrorCode::SandboxCommandCancelled,
+                    "the command sent with this Idempotency-Key was cancelled",
+                ));
             }
             Ok((existing, true))
         }
@@ -121,13 +136,20 @@ mod tests {
 
     #[test]
     fn interactive_bodies_are_bad_requests_and_unknown_fields_too() {
-        for body in [r#"{"argv":["sh"],"stdin":"ls\n"}"#, r#"{"argv":["bash"],"tty":true}"#, r#"{"argv":["x"],"shell":true}"#, r#"{"argv":["x"],"interactive":true}"#] {
+        for body in [
+            r#"{"argv":["sh"],"stdin":"ls\n"}"#,
+            r#"{"argv":["bash"],"tty":true}"#,
+            r#"{"argv":["x"],"shell":true}"#,
+            r#"{"argv":["x"],"interactive":true}"#,
+        ] {
             let e = parse(body.as_bytes()).unwrap_err();
             assert_eq!((e.status, e.code), (400, "bad_request"), "{body}");
         }
         assert_eq!(parse(br#"{"argv":["x"],"colour":1}"#).unwrap_err().code, "bad_request");
         assert_eq!(parse(b"not json").unwrap_err().code, "bad_request");
-        let ok = parse(br#"{"argv":["ls","-l"],"env":[{"name":"A","value":"1"}],"workingDir":"/tmp","timeoutSeconds":5}"#).unwrap();
+        let ok =
+            parse(br#"{"argv":["ls","-l"],"env":[{"name":"A","value":"1"}],"workingDir":"/tmp","timeoutSeconds":5}"#)
+                .unwrap();
         assert_eq!(ok.argv, vec!["ls", "-l"]);
         assert_eq!(ok.timeout_seconds, Some(5));
     }

@@ -45,7 +45,9 @@ impl From<kube::Error> for ApiError {
                     let text = ae.message[at..].trim_start_matches(code.as_str()).trim_start_matches(": ");
                     ApiError::new(code, text.to_owned())
                 }
-                None if ae.code == 422 || ae.code == 400 => ApiError::new(ErrorCode::SandboxRequestInvalid, ae.message.clone()),
+                None if ae.code == 422 || ae.code == 400 => {
+                    ApiError::new(ErrorCode::SandboxRequestInvalid, ae.message.clone())
+                }
                 None => ApiError::internal(format!("Kubernetes API: {}", ae.message)),
             },
             _ => ApiError::internal(format!("Kubernetes API: {e}")),

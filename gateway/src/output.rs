@@ -58,7 +58,12 @@ impl OutputReader {
                 }
             };
             if let Some(k) = key.and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok()) {
-                self.keys.lock().unwrap_or_else(|p| p.into_inner()).entry(session_id.to_owned()).or_default().insert(attempt, k);
+                self.keys
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(session_id.to_owned())
+                    .or_default()
+                    .insert(attempt, k);
                 return Ok(Some(k));
             }
         }

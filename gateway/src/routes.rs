@@ -73,10 +73,8 @@ async fn route(gw: &Gateway, req: Request<RequestBody>) -> Reply {
     };
     let caller = gw.auth.authenticate(authorization.as_deref()).await?;
     let (id, rest) = rest;
-    let session = gw
-        .index
-        .session(id)
-        .ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no session {id}")))?;
+    let session =
+        gw.index.session(id).ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no session {id}")))?;
     let ns = session.namespace().unwrap_or_default();
     match (method.clone(), rest.as_slice()) {
         (Method::GET, []) => {
@@ -104,7 +102,9 @@ async fn route(gw: &Gateway, req: Request<RequestBody>) -> Reply {
         (Method::GET, ["commands", cid, "output"]) => {
             gw.auth.authorize(&caller, &ns, "get", "commands").await?;
             let after = query_param(&query, "after")
-                .map(|a| a.parse::<u64>().map_err(|_| ApiError::new(ErrorCode::BadRequest, "after must be a byte offset")))
+                .map(|a| {
+                    a.parse::<u64>().map_err(|_| ApiError::new(ErrorCode::BadRequest, "after must be a byte offset"))
+                })
                 .transpose()?
                 .unwrap_or(0);
             output(gw, &session, cid, after).await
@@ -172,7 +172,10 @@ async fn output(gw: &Gateway, session: &Sandbox, cid: &str, after: u64) -> Reply
     let sid = session.uid().unwrap_or_default();
     if session.status.as_ref().and_then(|s| s.output_erased_at.as_ref()).is_some() {
         gw.output.forget(&sid);
-        return Err(ApiError::new(ErrorCode::SandboxOutputErased, "the session's output retention ended; its keys are destroyed"));
+        return Err(ApiError::new(
+            ErrorCode::SandboxOutputErased,
+            "the session's output retention ended; its keys are destroyed",
+        ));
     }
     let deadline = std::time::Instant::now() + gw.long_poll;
     // A command the operator has not numbered yet has no output: wait.

@@ -116,7 +116,8 @@ impl OrgKey {
         let (nonce, body) = sealed.split_at(NONCE_LEN);
         let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| SealError::Open)?;
         let mut buf = body.to_vec();
-        let plain = self.key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buf).map_err(|_| SealError::Open)?;
+        let plain =
+            self.key.open_in_place(nonce, Aad::from(context.as_bytes()), &mut buf).map_err(|_| SealError::Open)?;
         Ok(plain.to_vec())
     }
 }

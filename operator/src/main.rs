@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use clap::Parser;
 use hangar_operator::context::Context;
-use hangar_operator::metrics::Metrics;
 use hangar_operator::ec2::Ec2;
 use hangar_operator::ec2::watcher::InstanceWatcher;
 use hangar_operator::keys::{OrgKey, b64};
+use hangar_operator::metrics::Metrics;
 use hangar_operator::settings::Settings;
 use hangar_operator::{ec2, lifecycle};
-use hangar_runtime::leader::{LeaseSettings, Leadership};
 use hangar_runtime::admin::{self, Readiness};
-use prometheus_client::registry::Registry;
+use hangar_runtime::leader::{Leadership, LeaseSettings};
 use hangar_runtime::retry::until_ok;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -24,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
+use prometheus_client::registry::Registry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -112,7 +112,12 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         sealed_output_keys: Default::default(),
     });
     readiness.set_ready();
-    tokio::spawn(sweep_loop(ec2, client, settings.system_namespace.clone(), Duration::from_secs(settings.orphan_sweep_seconds)));
+    tokio::spawn(sweep_loop(
+        ec2,
+        client,
+        settings.system_namespace.clone(),
+        Duration::from_secs(settings.orphan_sweep_seconds),
+    ));
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
     let sessions = lifecycle::run(ctx, node_writer, lease_writer, command_writer, changes_rx);

@@ -91,7 +91,11 @@ impl Metrics {
         registry.register("reconcile_errors", "Sandbox reconciles that failed", self.reconcile_errors.clone());
         registry.register("watched_instances", "EC2 instances the watcher knows", self.watched_instances.clone());
         registry.register("ec2_mutating_calls", "EC2 calls that change something", ec2.mutating.clone());
-        registry.register("ec2_describe_instances_calls", "EC2 DescribeInstances calls", ec2.describe_instances.clone());
+        registry.register(
+            "ec2_describe_instances_calls",
+            "EC2 DescribeInstances calls",
+            ec2.describe_instances.clone(),
+        );
         registry.register("ec2_describe_other_calls", "Other EC2 Describe calls", ec2.describe_other.clone());
         registry.register("ec2_throttled", "EC2 calls answered with throttling", ec2.throttled.clone());
         registry.register_with_unit(

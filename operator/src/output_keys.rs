@@ -34,7 +34,8 @@ pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Res
     for a in pending {
         let handoff_name = output_keys::handoff_secret_name(session_id, a);
         if !has(a) {
-            let key = secrets.get_opt(&handoff_name).await?.and_then(|h| h.data).and_then(|d| d.get(HANDOFF_KEY).cloned());
+            let key =
+                secrets.get_opt(&handoff_name).await?.and_then(|h| h.data).and_then(|d| d.get(HANDOFF_KEY).cloned());
             let Some(key) = key else {
                 if a < attempt {
                     ctx.mark_sealed(session_id, a);

@@ -160,7 +160,13 @@ pub fn shape_of(instance_type: &str) -> Option<(u32, u32)> {
         "small" if family.starts_with('t') => (2, 1),
         _ => return None,
     };
-    let mem_per_cpu = if family.starts_with('c') { mem_per_cpu / 2 } else if family.starts_with('r') { mem_per_cpu * 2 } else { mem_per_cpu };
+    let mem_per_cpu = if family.starts_with('c') {
+        mem_per_cpu / 2
+    } else if family.starts_with('r') {
+        mem_per_cpu * 2
+    } else {
+        mem_per_cpu
+    };
     Some((cpu, cpu * mem_per_cpu))
 }
 

@@ -122,7 +122,13 @@ impl OutputStore {
         Path::from(format!("{session}/cmd/{command}"))
     }
 
-    pub(crate) async fn put(&self, session: &str, command: u32, name: &str, sealed: Bytes) -> Result<(), object_store::Error> {
+    pub(crate) async fn put(
+        &self,
+        session: &str,
+        command: u32,
+        name: &str,
+        sealed: Bytes,
+    ) -> Result<(), object_store::Error> {
         let path = Self::prefix(session, command).join(name);
         self.store.put(&path, PutPayload::from_bytes(sealed)).await.map(|_| ())
     }
@@ -184,7 +190,11 @@ impl OutputStore {
                 .open_owned(command, e.offset, &aad(session, command, e.stream), Vec::from(sealed))
                 .map_err(|err| ReadError::Seal(e.path.to_string(), err))?;
             let skip = after.saturating_sub(e.offset) as usize;
-            out.push(Chunk { stream: e.stream, offset: e.offset + skip as u64, data: Bytes::from(plain).slice(skip..) });
+            out.push(Chunk {
+                stream: e.stream,
+                offset: e.offset + skip as u64,
+                data: Bytes::from(plain).slice(skip..),
+            });
         }
         Ok(out)
     }

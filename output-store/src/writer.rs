@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use hangar_keys::{AttemptKey, SealError};
 use crate::store::{OutputStore, Stream, aad, chunk_name, parse_chunk_name};
+use hangar_keys::{AttemptKey, SealError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -74,7 +74,8 @@ impl OutputWriter {
             return Ok(self.offset);
         }
         let len = bytes.len() as u64;
-        let sealed = self.key.seal_owned(self.command, self.offset, &aad(&self.session, self.command, stream), bytes)?;
+        let sealed =
+            self.key.seal_owned(self.command, self.offset, &aad(&self.session, self.command, stream), bytes)?;
         let name = chunk_name(stream, self.offset, self.attempt);
         let path = self.spool.join(&name);
         write_synced(&path, &sealed).map_err(|source| WriteError::Spool { path: path.clone(), source })?;
@@ -149,7 +150,14 @@ async fn resend_dir(store: &OutputStore, spool: &Path, session: &str, command: u
 }
 
 /// Puts a sealed chunk in the store, then drops it from the spool.
-async fn upload(store: &OutputStore, spool: &Path, session: &str, command: u32, name: &str, sealed: Bytes) -> Result<(), WriteError> {
+async fn upload(
+    store: &OutputStore,
+    spool: &Path,
+    session: &str,
+    command: u32,
+    name: &str,
+    sealed: Bytes,
+) -> Result<(), WriteError> {
     store.put(session, command, name, sealed).await?;
     let path = spool.join(name);
     std::fs::remove_file(&path).map_err(|source| WriteError::Spool { path, source })

@@ -26,11 +26,10 @@ async fn output_reads_back_from_any_offset_with_streams_marked() {
 
     let all = store.read_after(SESSION, 1, 0, &keys).await.unwrap();
     assert_eq!(concat(&all), b"hello warning\nworld\n");
-    assert_eq!(all.iter().map(|c| (c.stream, c.offset)).collect::<Vec<_>>(), [
-        (Stream::Stdout, 0),
-        (Stream::Stderr, 6),
-        (Stream::Stdout, 14)
-    ]);
+    assert_eq!(
+        all.iter().map(|c| (c.stream, c.offset)).collect::<Vec<_>>(),
+        [(Stream::Stdout, 0), (Stream::Stderr, 6), (Stream::Stdout, 14)]
+    );
     for after in 0..=20u64 {
         let tail = store.read_after(SESSION, 1, after, &keys).await.unwrap();
         assert_eq!(concat(&tail), &b"hello warning\nworld\n"[after as usize..], "from offset {after}");

@@ -41,10 +41,8 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsEr
     fn pem(p: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + '_ {
         move |source| TlsError::Pem { path: p.display().to_string(), source }
     }
-    let certs = CertificateDer::pem_file_iter(cert)
-        .map_err(pem(cert))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(pem(cert))?;
+    let certs =
+        CertificateDer::pem_file_iter(cert).map_err(pem(cert))?.collect::<Result<Vec<_>, _>>().map_err(pem(cert))?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(pem(key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)

@@ -22,13 +22,7 @@ use serde::{Deserialize, Serialize};
 pub enum ToSupervisor {
     /// Run a command (argv, env, working directory, timeout). A second Run
     /// with an id the supervisor has already seen is ignored.
-    Run {
-        id: u32,
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        cwd: Option<String>,
-        timeout_seconds: u64,
-    },
+    Run { id: u32, argv: Vec<String>, env: Vec<(String, String)>, cwd: Option<String>, timeout_seconds: u64 },
     /// Cancel a running command: SIGTERM, then SIGKILL after the grace.
     Cancel { id: u32 },
     /// The session is pausing: end every running command.
@@ -104,4 +98,3 @@ pub enum EndedBy {
     Cancel,
     KillAll,
 }
-

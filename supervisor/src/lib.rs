@@ -22,9 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use hangar_supervisor_protocol::{
-    EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor,
-};
+use hangar_supervisor_protocol::{EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -102,10 +100,7 @@ impl Outbox {
     /// The first unacknowledged message after `cursor`.
     fn after(&self, cursor: u64) -> Option<Sequenced> {
         let st = self.state.lock().expect("outbox");
-        st.queue
-            .iter()
-            .find(|(m, _)| m.seq > cursor)
-            .map(|(m, _)| m.clone())
+        st.queue.iter().find(|(m, _)| m.seq > cursor).map(|(m, _)| m.clone())
     }
 }
 
@@ -121,10 +116,7 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
     let boot = format!(
         "{}-{}",
         std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
     );
     if let Some(argv) = agent {
         tokio::spawn(run_agent(argv, cfg.clone(), outbox.clone()));
@@ -176,19 +168,9 @@ async fn accept_loop(
 /// Writes the hello, then every unacknowledged message in order, then new
 /// ones as they come.
 async fn deliver(mut write: tokio::net::unix::OwnedWriteHalf, outbox: Arc<Outbox>, boot: String) {
-    let mut known: Vec<u32> = outbox
-        .state
-        .lock()
-        .expect("outbox")
-        .known
-        .iter()
-        .copied()
-        .collect();
+    let mut known: Vec<u32> = outbox.state.lock().expect("outbox").known.iter().copied().collect();
     known.sort_unstable();
-    if write_line(&mut write, &Hello { boot, known })
-        .await
-        .is_err()
-    {
+    if write_line(&mut write, &Hello { boot, known }).await.is_err() {
         return;
     }
     let mut cursor = 0;
@@ -206,10 +188,7 @@ async fn deliver(mut write: tokio::net::unix::OwnedWriteHalf, outbox: Arc<Outbox
     }
 }
 
-async fn write_line(
-    write: &mut tokio::net::unix::OwnedWriteHalf,
-    m: &impl serde::Serialize,
-) -> std::io::Result<()> {
+async fn write_line(write: &mut tokio::net::unix::OwnedWriteHalf, m: &impl serde::Serialize) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(m).expect("serialisable");
     line.push(b'\n');
     write.write_all(&line).await
@@ -217,13 +196,7 @@ async fn write_line(
 
 fn handle(msg: ToSupervisor, cfg: &Arc<Config>, outbox: &Arc<Outbox>, running: &Running) {
     match msg {
-        ToSupervisor::Run {
-            id,
-            argv,
-            env,
-            cwd,
-            timeout_seconds,
-        } => {
+        ToSupervisor::Run { id, argv, env, cwd, timeout_seconds } => {
             // At most once per id: a worker that restarted may ask again.
             if !outbox.state.lock().expect("outbox").known.insert(id) {
                 return;
@@ -268,13 +241,8 @@ fn end(running: &Running, id: Option<u32>, why: EndedBy, grace: Duration) {
 
 /// SIGKILL to every process group this supervisor started.
 fn kill_all_groups(running: &Running) {
-    let groups: Vec<i32> = running
-        .lock()
-        .expect("running")
-        .values()
-        .map(|(pgid, _)| *pgid)
-        .filter(|p| *p > 0)
-        .collect();
+    let groups: Vec<i32> =
+        running.lock().expect("running").values().map(|(pgid, _)| *pgid).filter(|p| *p > 0).collect();
     for pgid in groups {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
@@ -291,19 +259,10 @@ fn signal_groups(groups: Vec<i32>, grace: Duration) {
     }
 }
 
-fn command(
-    argv: &[String],
-    env: &[(String, String)],
-    cwd: &std::path::Path,
-) -> tokio::process::Command {
+fn command(argv: &[String], env: &[(String, String)], cwd: &std::path::Path) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .envs(env.iter().cloned())
-        .current_dir(cwd);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    cmd.args(&argv[1..]).envs(env.iter().cloned()).current_dir(cwd);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     // Its own process group, so a timeout or cancel ends its children too.
     cmd.as_std_mut().process_group(0);
     die_with_supervisor(cmd.as_std_mut());
@@ -314,16 +273,11 @@ fn command(
 /// outright (a process group is not reached by the parent's death). The
 /// supervisor's runtime is single-threaded, so the forking thread (whose
 /// exit is what PDEATHSIG watches) lives as long as the process.
-#[allow(
-    unsafe_code,
-    reason = "pre_exec is unsafe; the hook only calls prctl between fork and exec"
-)]
+#[allow(unsafe_code, reason = "pre_exec is unsafe; the hook only calls prctl between fork and exec")]
 fn die_with_supervisor(cmd: &mut std::process::Command) {
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
     }
 }
 
@@ -338,40 +292,23 @@ async fn run_command(
     outbox: Arc<Outbox>,
     running: Running,
 ) {
-    let dir = cwd
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cfg.default_cwd.clone());
-    let ended_before_start = running
-        .lock()
-        .expect("running")
-        .get(&id)
-        .and_then(|(_, e)| *e);
+    let dir = cwd.map(PathBuf::from).unwrap_or_else(|| cfg.default_cwd.clone());
+    let ended_before_start = running.lock().expect("running").get(&id).and_then(|(_, e)| *e);
     if let Some(ended_by) = ended_before_start {
         running.lock().expect("running").remove(&id);
-        outbox.send(FromSupervisor::Exited {
-            id,
-            exit_code: None,
-            signal: None,
-            ended_by,
-        });
+        outbox.send(FromSupervisor::Exited { id, exit_code: None, signal: None, ended_by });
         return;
     }
     if argv.is_empty() {
         running.lock().expect("running").remove(&id);
-        outbox.send(FromSupervisor::Failed {
-            id,
-            message: "empty argv".into(),
-        });
+        outbox.send(FromSupervisor::Failed { id, message: "empty argv".into() });
         return;
     }
     let mut child = match command(&argv, &env, &dir).spawn() {
         Ok(c) => c,
         Err(e) => {
             running.lock().expect("running").remove(&id);
-            outbox.send(FromSupervisor::Failed {
-                id,
-                message: format!("{}: {e}", argv[0]),
-            });
+            outbox.send(FromSupervisor::Failed { id, message: format!("{}: {e}", argv[0]) });
             return;
         }
     };
@@ -394,13 +331,7 @@ async fn run_command(
         outbox.clone(),
         offset.clone(),
     ));
-    let err = tokio::spawn(pump(
-        id,
-        OutputStream::Stderr,
-        child.stderr.take().expect("piped"),
-        outbox.clone(),
-        offset,
-    ));
+    let err = tokio::spawn(pump(id, OutputStream::Stderr, child.stderr.take().expect("piped"), outbox.clone(), offset));
     let timeout = Duration::from_secs(timeout_seconds.max(1));
     let status = tokio::select! {
         s = child.wait() => s,
@@ -412,22 +343,12 @@ async fn run_command(
     // All output is queued before the exit is reported.
     let _ = out.await;
     let _ = err.await;
-    let ended_by = running
-        .lock()
-        .expect("running")
-        .remove(&id)
-        .and_then(|(_, e)| e)
-        .unwrap_or(EndedBy::Itself);
+    let ended_by = running.lock().expect("running").remove(&id).and_then(|(_, e)| e).unwrap_or(EndedBy::Itself);
     let (exit_code, signal) = match status {
         Ok(s) => (s.code(), s.signal()),
         Err(_) => (None, None),
     };
-    outbox.send(FromSupervisor::Exited {
-        id,
-        exit_code,
-        signal,
-        ended_by,
-    });
+    outbox.send(FromSupervisor::Exited { id, exit_code, signal, ended_by });
 }
 
 /// Reads one pipe. Both pipes of a command share `offset`; a chunk takes
@@ -448,12 +369,7 @@ async fn pump(
             Ok(n) => {
                 let data_b64 = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
                 let mut at = offset.lock().expect("offset");
-                outbox.send(FromSupervisor::Output {
-                    id,
-                    stream,
-                    offset: *at,
-                    data_b64,
-                });
+                outbox.send(FromSupervisor::Output { id, stream, offset: *at, data_b64 });
                 *at += n as u64;
             }
         }
@@ -463,24 +379,14 @@ async fn pump(
 /// Mode agent: the agent's command is the main process; its exit is the
 /// end of the session.
 async fn run_agent(argv: Vec<String>, cfg: Arc<Config>, outbox: Arc<Outbox>) {
-    let status = match command(&argv, &[], &cfg.default_cwd)
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .status()
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("supervisor: cannot start the agent {}: {e}", argv[0]);
-            outbox.send(FromSupervisor::AgentExited {
-                exit_code: Some(127),
-                signal: None,
-            });
-            return;
-        }
-    };
-    outbox.send(FromSupervisor::AgentExited {
-        exit_code: status.code(),
-        signal: status.signal(),
-    });
+    let status =
+        match command(&argv, &[], &cfg.default_cwd).stdout(Stdio::inherit()).stderr(Stdio::inherit()).status().await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("supervisor: cannot start the agent {}: {e}", argv[0]);
+                outbox.send(FromSupervisor::AgentExited { exit_code: Some(127), signal: None });
+                return;
+            }
+        };
+    outbox.send(FromSupervisor::AgentExited { exit_code: status.code(), signal: status.signal() });
 }

@@ -11,23 +11,13 @@ use hangar_supervisor::{Config, serve};
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let mode = flag("--mode").unwrap_or_else(|| "commands".into());
     let Some(socket) = flag("--socket") else {
         eprintln!("usage: hangar-supervisor --mode commands|agent --socket PATH [-- ARGV...]");
         return ExitCode::from(2);
     };
-    let agent: Vec<String> = args
-        .iter()
-        .skip_while(|a| *a != "--")
-        .skip(1)
-        .cloned()
-        .collect();
+    let agent: Vec<String> = args.iter().skip_while(|a| *a != "--").skip(1).cloned().collect();
     let agent = match mode.as_str() {
         "agent" if !agent.is_empty() => Some(agent),
         "agent" => {
@@ -38,14 +28,8 @@ async fn main() -> ExitCode {
     };
     let cfg = Config {
         socket: socket.into(),
-        default_cwd: flag("--workdir")
-            .unwrap_or_else(|| "/workspace".into())
-            .into(),
-        grace: Duration::from_secs(
-            flag("--grace-seconds")
-                .and_then(|g| g.parse().ok())
-                .unwrap_or(10),
-        ),
+        default_cwd: flag("--workdir").unwrap_or_else(|| "/workspace".into()).into(),
+        grace: Duration::from_secs(flag("--grace-seconds").and_then(|g| g.parse().ok()).unwrap_or(10)),
     };
     match serve(cfg, agent).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,9 +10,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use base64::Engine;
-use hangar_supervisor_protocol::{
-    EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor,
-};
+use hangar_supervisor_protocol::{EndedBy, FromSupervisor, Hello, OutputStream, Sequenced, ToSupervisor};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
@@ -30,23 +28,13 @@ impl Drop for Supervisor {
 async fn start(dir: &Path) -> (Supervisor, std::path::PathBuf) {
     let socket = dir.join("supervisor.sock");
     let child = Command::new(env!("CARGO_BIN_EXE_hangar-supervisor"))
-        .args([
-            "--mode",
-            "commands",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--workdir",
-            dir.to_str().unwrap(),
-        ])
+        .args(["--mode", "commands", "--socket", socket.to_str().unwrap(), "--workdir", dir.to_str().unwrap()])
         .args(["--grace-seconds", "1"])
         .spawn()
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while UnixStream::connect(&socket).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "supervisor socket never appeared"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "supervisor socket never appeared");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (Supervisor(child), socket)
@@ -60,15 +48,8 @@ async fn collect(lines: &mut Lines, id: u32) -> (Vec<u8>, Vec<u8>, FromSuperviso
     let read = async {
         while let Some(line) = lines.next_line().await.unwrap() {
             match serde_json::from_str::<Sequenced>(&line).unwrap().msg {
-                FromSupervisor::Output {
-                    id: i,
-                    stream,
-                    offset,
-                    data_b64,
-                } if i == id => {
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(data_b64)
-                        .unwrap();
+                FromSupervisor::Output { id: i, stream, offset, data_b64 } if i == id => {
+                    let bytes = base64::engine::general_purpose::STANDARD.decode(data_b64).unwrap();
                     assert_eq!(offset, next_offset, "offsets are continuous");
                     next_offset += bytes.len() as u64;
                     out.entry(stream).or_default().extend(bytes)
@@ -79,9 +60,7 @@ async fn collect(lines: &mut Lines, id: u32) -> (Vec<u8>, Vec<u8>, FromSuperviso
         }
         panic!("socket closed");
     };
-    let exited = tokio::time::timeout(Duration::from_secs(20), read)
-        .await
-        .expect("command did not exit in time");
+    let exited = tokio::time::timeout(Duration::from_secs(20), read).await.expect("command did not exit in time");
     (
         out.remove(&OutputStream::Stdout).unwrap_or_default(),
         out.remove(&OutputStream::Stderr).unwrap_or_default(),
@@ -118,11 +97,7 @@ async fn output_is_marked_by_stream_and_the_exit_code_reported() {
     let dir = tempfile::tempdir().unwrap();
     let (_sup, socket) = start(dir.path()).await;
     let (mut lines, mut w, _) = connect(&socket).await;
-    send(
-        &mut w,
-        &run(1, "echo $GREETING; pwd; echo oops >&2; exit 3", 60),
-    )
-    .await;
+    send(&mut w, &run(1, "echo $GREETING; pwd; echo oops >&2; exit 3", 60)).await;
     let (out, err, exited) = collect(&mut lines, 1).await;
     assert_eq!(
         String::from_utf8(out).unwrap(),
@@ -130,15 +105,7 @@ async fn output_is_marked_by_stream_and_the_exit_code_reported() {
         "env and default working directory"
     );
     assert_eq!(err, b"oops\n");
-    assert_eq!(
-        exited,
-        FromSupervisor::Exited {
-            id: 1,
-            exit_code: Some(3),
-            signal: None,
-            ended_by: EndedBy::Itself
-        }
-    );
+    assert_eq!(exited, FromSupervisor::Exited { id: 1, exit_code: Some(3), signal: None, ended_by: EndedBy::Itself });
 }
 
 #[tokio::test]
@@ -147,22 +114,10 @@ async fn a_timeout_ends_the_command_and_its_children() {
     let (_sup, socket) = start(dir.path()).await;
     let (mut lines, mut w, _) = connect(&socket).await;
     // The shell ignores SIGTERM, so only the SIGKILL after the grace ends it.
-    send(
-        &mut w,
-        &run(2, "trap '' TERM; echo started; sleep 30 & wait", 1),
-    )
-    .await;
+    send(&mut w, &run(2, "trap '' TERM; echo started; sleep 30 & wait", 1)).await;
     let (out, _, exited) = collect(&mut lines, 2).await;
     assert_eq!(out, b"started\n");
-    assert_eq!(
-        exited,
-        FromSupervisor::Exited {
-            id: 2,
-            exit_code: None,
-            signal: Some(9),
-            ended_by: EndedBy::Timeout
-        }
-    );
+    assert_eq!(exited, FromSupervisor::Exited { id: 2, exit_code: None, signal: Some(9), ended_by: EndedBy::Timeout });
 }
 
 #[tokio::test]
@@ -174,24 +129,13 @@ async fn cancel_sends_sigterm() {
     // Wait until it runs, then cancel.
     loop {
         let line = lines.next_line().await.unwrap().unwrap();
-        if matches!(
-            serde_json::from_str::<Sequenced>(&line).unwrap().msg,
-            FromSupervisor::Output { id: 3, .. }
-        ) {
+        if matches!(serde_json::from_str::<Sequenced>(&line).unwrap().msg, FromSupervisor::Output { id: 3, .. }) {
             break;
         }
     }
     send(&mut w, &ToSupervisor::Cancel { id: 3 }).await;
     let (_, _, exited) = collect(&mut lines, 3).await;
-    assert_eq!(
-        exited,
-        FromSupervisor::Exited {
-            id: 3,
-            exit_code: None,
-            signal: Some(15),
-            ended_by: EndedBy::Cancel
-        }
-    );
+    assert_eq!(exited, FromSupervisor::Exited { id: 3, exit_code: None, signal: Some(15), ended_by: EndedBy::Cancel });
 }
 
 #[tokio::test]
@@ -203,20 +147,10 @@ async fn output_made_while_no_worker_is_connected_is_delivered_later() {
     drop(lines);
     drop(w); // the worker restarts
     let (mut lines, _w, hello) = connect(&socket).await;
-    assert_eq!(
-        hello.known,
-        vec![4],
-        "the supervisor tells a new worker which commands it has"
-    );
+    assert_eq!(hello.known, vec![4], "the supervisor tells a new worker which commands it has");
     let (out, _, exited) = collect(&mut lines, 4).await;
     assert_eq!(out, b"while-away\n");
-    assert!(matches!(
-        exited,
-        FromSupervisor::Exited {
-            exit_code: Some(0),
-            ..
-        }
-    ));
+    assert!(matches!(exited, FromSupervisor::Exited { exit_code: Some(0), .. }));
 }
 
 #[tokio::test]
@@ -227,10 +161,7 @@ async fn unacknowledged_messages_come_again_and_a_repeated_run_is_ignored() {
     assert!(first.known.is_empty());
     send(&mut w, &run(5, "echo one; echo two >&2; echo three", 60)).await;
     let (out, err, _) = collect(&mut lines, 5).await;
-    assert_eq!(
-        (out.as_slice(), err.as_slice()),
-        (&b"one\nthree\n"[..], &b"two\n"[..])
-    );
+    assert_eq!((out.as_slice(), err.as_slice()), (&b"one\nthree\n"[..], &b"two\n"[..]));
     // The worker "crashes" without acknowledging: everything comes again,
     // with the same sequence numbers and offsets.
     drop((lines, w));
@@ -238,18 +169,8 @@ async fn unacknowledged_messages_come_again_and_a_repeated_run_is_ignored() {
     assert_eq!(hello.boot, first.boot, "same supervisor");
     send(&mut w, &run(5, "echo must-not-run-twice", 60)).await;
     let (out, err, exited) = collect(&mut lines, 5).await;
-    assert_eq!(
-        (out.as_slice(), err.as_slice()),
-        (&b"one\nthree\n"[..], &b"two\n"[..]),
-        "re-delivered, not re-run"
-    );
-    assert!(matches!(
-        exited,
-        FromSupervisor::Exited {
-            exit_code: Some(0),
-            ..
-        }
-    ));
+    assert_eq!((out.as_slice(), err.as_slice()), (&b"one\nthree\n"[..], &b"two\n"[..]), "re-delivered, not re-run");
+    assert!(matches!(exited, FromSupervisor::Exited { exit_code: Some(0), .. }));
     // Acknowledge everything: the next connection gets nothing old.
     send(&mut w, &ToSupervisor::Ack { upto: u64::MAX }).await;
     send(&mut w, &run(6, "echo six", 60)).await;
@@ -258,17 +179,10 @@ async fn unacknowledged_messages_come_again_and_a_repeated_run_is_ignored() {
     drop((lines, w));
     let (mut lines, mut w, _) = connect(&socket).await;
     send(&mut w, &ToSupervisor::Ack { upto: 0 }).await;
-    let first_line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let first_line = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await.unwrap().unwrap().unwrap();
     let m: Sequenced = serde_json::from_str(&first_line).unwrap();
     assert!(
-        matches!(
-            m.msg,
-            FromSupervisor::Output { id: 6, .. } | FromSupervisor::Started { id: 6, .. }
-        ),
+        matches!(m.msg, FromSupervisor::Output { id: 6, .. } | FromSupervisor::Started { id: 6, .. }),
         "only command 6's messages (sent after the ack) remain: {m:?}"
     );
 }

@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use hangar_crds::{Phase, Sandbox, heartbeat};
 use hangar_runtime::admin;
 use hangar_worker::metrics::WorkerMetrics;
-use prometheus_client::registry::Registry;
-use hangar_crds::{Phase, Sandbox, heartbeat};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -24,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -127,7 +127,10 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
     metrics.register(&mut registry);
     let readiness = admin::Readiness::default();
     let admin_listener = tokio::net::TcpListener::bind(&config.admin_listen).await.map_err(Error::Admin)?;
-    tokio::spawn(admin::serve(admin_listener, admin::router(Arc::new(registry), readiness.clone(), Default::default())));
+    tokio::spawn(admin::serve(
+        admin_listener,
+        admin::router(Arc::new(registry), readiness.clone(), Default::default()),
+    ));
     let (ns, name) = session_of_node(&client, &config.node_name).await?;
     tracing::info!(node = %config.node_name, %ns, sandbox = %name, "serving session");
     readiness.set_ready();

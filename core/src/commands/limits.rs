@@ -31,7 +31,10 @@ pub fn room_for_one_more(name: &str, counts: Counts) -> Result<(), Refusal> {
     if counts.unfinished() >= MAX_UNFINISHED {
         return Err(Refusal::new(
             ErrorCode::SandboxCommandLimit,
-            format!("at most {MAX_UNFINISHED} commands of a session may be unfinished; {name} has {}", counts.unfinished()),
+            format!(
+                "at most {MAX_UNFINISHED} commands of a session may be unfinished; {name} has {}",
+                counts.unfinished()
+            ),
         ));
     }
     Ok(())
@@ -71,7 +74,8 @@ mod tests {
 
     #[test]
     fn a_burst_stops_at_the_247th() {
-        let (_, admitted) = decide_in_order(10, Counts { admitted: 240, finished: 230 }, |c| room_for_one_more("box", c));
+        let (_, admitted) =
+            decide_in_order(10, Counts { admitted: 240, finished: 230 }, |c| room_for_one_more("box", c));
         assert_eq!(admitted, 7);
     }
 }

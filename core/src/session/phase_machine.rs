@@ -10,9 +10,7 @@
 
 use std::time::Duration;
 
-use hangar_crds::{
-    Attempt, AttemptCause, AttemptEnd, Mode, PauseProgress, Phase, ResetStepStatus, SandboxStatus,
-};
+use hangar_crds::{Attempt, AttemptCause, AttemptEnd, Mode, PauseProgress, Phase, ResetStepStatus, SandboxStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -49,7 +47,9 @@ pub enum VolumeState {
     /// Not looked at this time (nothing in this phase needs it).
     Unknown,
     Absent,
-    Present { attached: bool },
+    Present {
+        attached: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -144,10 +144,10 @@ fn open_attempt(p: &mut Plan, cause: AttemptCause) {
 
 /// Marks the current attempt's instance as running from now (metering starts).
 fn attempt_running(p: &mut Plan, now: Timestamp) {
-    if let Some(a) = current_attempt(p) {
-        if a.started_at.is_none() {
-            a.started_at = Some(ts(now));
-        }
+    if let Some(a) = current_attempt(p)
+        && a.started_at.is_none()
+    {
+        a.started_at = Some(ts(now));
     }
 }
 
@@ -200,7 +200,7 @@ fn launching(p: &mut Plan, obs: &Observed) {
         Some(state) if state.is_gone() => {
             // Gone before it ever ran: nothing to recover on a launch.
             p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-            return begin_stop(p, obs, &StopReason::InstanceLost);
+            begin_stop(p, obs, &StopReason::InstanceLost)
         }
         Some(state) => {
             match obs.volume {
@@ -226,12 +226,12 @@ fn running(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
     }
-    if obs.mode == Mode::Agent {
-        if let AgentState::Exited(code) = obs.agent {
-            p.status.exit_code = Some(code);
-            p.status.outcome = Some(Outcome::Completed.as_str().into());
-            return begin_stop(p, obs, &StopReason::AgentExited);
-        }
+    if obs.mode == Mode::Agent
+        && let AgentState::Exited(code) = obs.agent
+    {
+        p.status.exit_code = Some(code);
+        p.status.outcome = Some(Outcome::Completed.as_str().into());
+        return begin_stop(p, obs, &StopReason::AgentExited);
     }
     if obs.desired == Desired::Pause && obs.mode == Mode::Commands {
         p.status.pause = Some(PauseProgress { requested_at: Some(ts(obs.now)), ..Default::default() });
@@ -609,7 +609,11 @@ mod tests {
             reset: vec![ResetStepStatus { step: "cancel_queued_commands".into(), confirmed_at: Time(at(0)) }],
             ..status(Phase::Stopping)
         };
-        let o = Observed { desired: Desired::End(StopReason::Cancelled), instance: Some(InstanceState::ShuttingDown), ..obs(1) };
+        let o = Observed {
+            desired: Desired::End(StopReason::Cancelled),
+            instance: Some(InstanceState::ShuttingDown),
+            ..obs(1)
+        };
         let p = plan(&s, &o);
         assert!(p.actions.is_empty());
         assert_eq!(p.status.phase, Some(Phase::Stopping));

@@ -28,7 +28,12 @@ const NS: &str = "admission-bench";
 const BURST: usize = 64;
 
 fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn main() {
@@ -78,11 +83,17 @@ async fn run(cp: &ControlPlane, runs: usize) {
     let base = pct(single.clone(), 0.5).max(1);
     let burst = pct(bursts.clone(), 0.5);
     println!();
-    println!("hangar admission benchmark: control plane + webhook, 2 cores, load average {load_before} before, {load_after} after");
+    println!(
+        "hangar admission benchmark: control plane + webhook, 2 cores, load average {load_before} before, {load_after} after"
+    );
     println!();
     println!("| figure | median | max | runs | ratio to one create | target |");
     println!("| --- | --- | --- | --- | --- | --- |");
-    println!("| one Command create, admitted (ms) | {base} | {} | {} | 1 | |", single.iter().max().unwrap(), single.len());
+    println!(
+        "| one Command create, admitted (ms) | {base} | {} | {} | 1 | |",
+        single.iter().max().unwrap(),
+        single.len()
+    );
     println!(
         "| {BURST} creates for one session at once, last answered (ms) | {burst} | {} | {runs} | {:.1} | well under 1000 |",
         bursts.iter().max().unwrap(),

@@ -114,17 +114,41 @@ async fn run(stack: &LocalStack, n: usize) {
     println!();
     println!("| figure | p50 | p99 | samples | target |");
     println!("| --- | --- | --- | --- | --- |");
-    println!("| Command create → process start, paced 10/s (ms) | {} | {} | {} | p99 < 300 |", pct(paced.clone(), 0.5), pct(paced.clone(), 0.99), paced.len());
-    println!("| Command create → process start, bursts of 16 (ms) | {} | {} | {} | |", pct(burst.clone(), 0.5), pct(burst.clone(), 0.99), burst.len());
-    println!("| long-poll wake after new bytes (ms) | {} | {} | {} | p99 < 100 |", pct(wake.clone(), 0.5), pct(wake.clone(), 0.99), wake.len());
+    println!(
+        "| Command create → process start, paced 10/s (ms) | {} | {} | {} | p99 < 300 |",
+        pct(paced.clone(), 0.5),
+        pct(paced.clone(), 0.99),
+        paced.len()
+    );
+    println!(
+        "| Command create → process start, bursts of 16 (ms) | {} | {} | {} | |",
+        pct(burst.clone(), 0.5),
+        pct(burst.clone(), 0.99),
+        burst.len()
+    );
+    println!(
+        "| long-poll wake after new bytes (ms) | {} | {} | {} | p99 < 100 |",
+        pct(wake.clone(), 0.5),
+        pct(wake.clone(), 0.99),
+        wake.len()
+    );
     println!();
     println!("| figure | value | target |");
     println!("| --- | --- | --- |");
-    println!("| 1 GiB output, create → exited with all stored (MB/s) | {:.0} ({stored_s:.1} s) | ≥ 100 |", GIB as f64 / 1e6 / stored_s);
-    println!("| 1 GiB output, read back through the gateway (MB/s) | {:.0} ({read_s:.1} s, {pages} pages) | ≥ 100 |", GIB as f64 / 1e6 / read_s);
+    println!(
+        "| 1 GiB output, create → exited with all stored (MB/s) | {:.0} ({stored_s:.1} s) | ≥ 100 |",
+        GIB as f64 / 1e6 / stored_s
+    );
+    println!(
+        "| 1 GiB output, read back through the gateway (MB/s) | {:.0} ({read_s:.1} s, {pages} pages) | ≥ 100 |",
+        GIB as f64 / 1e6 / read_s
+    );
     for (i, (name, _)) in pids.iter().enumerate() {
         let target = if *name == "worker" { "< 64" } else { "" };
-        println!("| {name} peak RSS while streaming and reading (MiB) | {:.1} | {target} |", mib(peaks[i].load(Ordering::Relaxed)));
+        println!(
+            "| {name} peak RSS while streaming and reading (MiB) | {:.1} | {target} |",
+            mib(peaks[i].load(Ordering::Relaxed))
+        );
     }
 }
 
@@ -169,7 +193,13 @@ async fn start_latency(
 }
 
 /// A command printing its clock every 100 ms; long-poll past each line.
-async fn wake_latency(gw: &hangar_e2e::gateway::GatewayClient, member: &str, api: &Api<Command>, stack: &LocalStack, sid: &str) -> Vec<u64> {
+async fn wake_latency(
+    gw: &hangar_e2e::gateway::GatewayClient,
+    member: &str,
+    api: &Api<Command>,
+    stack: &LocalStack,
+    sid: &str,
+) -> Vec<u64> {
     let script = "i=0; while [ $i -lt 100 ]; do date +%s%N; sleep 0.1; i=$((i+1)); done";
     cmds::create(api, &sh("ticks", "box", script)).await;
     wait_command_phase(stack, api, "ticks", CommandPhase::Running).await;

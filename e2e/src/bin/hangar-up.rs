@@ -42,8 +42,14 @@ fn run() -> hangar_e2e::Result<()> {
     println!("  kubectl get sbx -w");
     println!("  kubectl get sbxcmd -w");
     println!();
-    println!("The session API (gateway) serves https://127.0.0.1:{} with the CA {}:", stack.gateway.port, stack.cp.pki.ca_cert.display());
-    println!("  kubectl create serviceaccount me && kubectl create clusterrolebinding me --clusterrole=cluster-admin --serviceaccount=default:me");
+    println!(
+        "The session API (gateway) serves https://127.0.0.1:{} with the CA {}:",
+        stack.gateway.port,
+        stack.cp.pki.ca_cert.display()
+    );
+    println!(
+        "  kubectl create serviceaccount me && kubectl create clusterrolebinding me --clusterrole=cluster-admin --serviceaccount=default:me"
+    );
     println!("  TOKEN=$(kubectl create token me)");
     println!("  ID=$(kubectl get sbx dev-box -o jsonpath='{{.status.sessionId}}')");
     println!(

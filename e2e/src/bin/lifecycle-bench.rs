@@ -56,7 +56,6 @@ fn samples(all: &serde_json::Value, name: &str) -> Vec<u64> {
     all[name].as_array().map(|a| a.iter().filter_map(|v| v.as_u64()).collect()).unwrap_or_default()
 }
 
-
 async fn wait_all(api: &Api<Sandbox>, n: usize, want: Phase, what: &str) -> Duration {
     let start = Instant::now();
     loop {
@@ -136,7 +135,8 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool) {
     let t_end = wait_all(&api, n, Phase::Ended, "end").await;
 
     let after = stack.operator().metrics();
-    let mutating = counter(&after, "hangar_ec2_mutating_calls_total") - counter(&before, "hangar_ec2_mutating_calls_total");
+    let mutating =
+        counter(&after, "hangar_ec2_mutating_calls_total") - counter(&before, "hangar_ec2_mutating_calls_total");
     // Create call returned (apiserver accepted it) → RunInstances called.
     let raw = stack.operator().samples();
     let apply_run: Vec<u64> = created_at
@@ -188,14 +188,18 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool) {
         "| operator RSS with {m} paused sessions (MiB; {reconciled} reconciles, {watched} instances watched, {mutating_paused} EC2 calls made) | {:.1} | |",
         rss_paused as f64 / 1024.0
     );
-    println!("| wall time: launch / pause / resume / end of all {n} (s) | {:.1} / {:.1} / {:.1} / {:.1} | |",
-        t_launch.as_secs_f64(), t_pause.as_secs_f64(), t_resume.as_secs_f64(), t_end.as_secs_f64());
+    println!(
+        "| wall time: launch / pause / resume / end of all {n} (s) | {:.1} / {:.1} / {:.1} / {:.1} | |",
+        t_launch.as_secs_f64(),
+        t_pause.as_secs_f64(),
+        t_resume.as_secs_f64(),
+        t_end.as_secs_f64()
+    );
 }
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
-
 
 /// `m` sessions that are paused: a stopped, tagged instance in EC2 and a
 /// Sandbox whose status says paused, as the operator itself leaves them.

@@ -12,8 +12,8 @@ use hangar_gateway::index::Index;
 use hangar_gateway::output::OutputReader;
 use hangar_gateway::routes::{self, Gateway};
 use hangar_output::{OrgKey, OutputStore};
-use k8s_openapi::api::core::v1::Secret;
 use hangar_runtime::admin;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 #[derive(Parser, Debug)]
@@ -62,10 +62,17 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     http.register(&mut registry);
     let readiness = admin::Readiness::default();
     let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen).await?;
-    tokio::spawn(admin::serve(admin_listener, admin::router(Arc::new(registry), readiness.clone(), Default::default())));
+    tokio::spawn(admin::serve(
+        admin_listener,
+        admin::router(Arc::new(registry), readiness.clone(), Default::default()),
+    ));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
     let org = org_key(&secrets).await?;
-    let store = OutputStore::from_url(&settings.output_store, &settings.output_s3_region, settings.output_s3_endpoint.as_deref())?;
+    let store = OutputStore::from_url(
+        &settings.output_store,
+        &settings.output_s3_region,
+        settings.output_s3_endpoint.as_deref(),
+    )?;
     let index = Index::start(client.clone()).await?;
     let gw = Arc::new(Gateway {
         auth: Auth::new(client.clone()),

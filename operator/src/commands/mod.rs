@@ -7,7 +7,6 @@
 //! worker starts a queued command the same way, so a command is either
 //! cancelled before it starts or started before it is cancelled, never both.
 
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -45,8 +45,12 @@ pub fn kind_of(code: &str) -> Ec2ErrorKind {
     use Ec2ErrorKind::*;
     match code {
         "RequestLimitExceeded" | "Throttling" | "ThrottlingException" | "RequestThrottled" => Throttled,
-        "InsufficientInstanceCapacity" | "InsufficientHostCapacity" | "InsufficientCapacity"
-        | "InsufficientVolumeCapacity" | "InsufficientFreeAddressesInSubnet" | "Unsupported" => InsufficientCapacity,
+        "InsufficientInstanceCapacity"
+        | "InsufficientHostCapacity"
+        | "InsufficientCapacity"
+        | "InsufficientVolumeCapacity"
+        | "InsufficientFreeAddressesInSubnet"
+        | "Unsupported" => InsufficientCapacity,
         "InvalidInstanceID.NotFound" | "InvalidInstanceID.Malformed" | "InvalidVolume.NotFound" => NotFound,
         "IncorrectInstanceState" | "IncorrectState" | "VolumeInUse" | "InvalidVolume.ZoneMismatch" => IncorrectState,
         c if c.starts_with("InvalidAMIID")

@@ -69,7 +69,12 @@ impl Ec2 {
                 self.client
                     .describe_instances()
                     .filters(Filter::builder().name(format!("tag:{}", tags::SESSION_ID)).values(session_id).build())
-                    .filters(Filter::builder().name(format!("tag:{}", tags::CLUSTER)).values(&self.settings.cluster_name).build())
+                    .filters(
+                        Filter::builder()
+                            .name(format!("tag:{}", tags::CLUSTER))
+                            .values(&self.settings.cluster_name)
+                            .build(),
+                    )
                     .send()
             })
             .await?;
@@ -93,7 +98,10 @@ impl Ec2 {
                     self.client
                         .describe_instances()
                         .filters(
-                            Filter::builder().name(format!("tag:{}", tags::CLUSTER)).values(&self.settings.cluster_name).build(),
+                            Filter::builder()
+                                .name(format!("tag:{}", tags::CLUSTER))
+                                .values(&self.settings.cluster_name)
+                                .build(),
                         )
                         .set_next_token(token.clone())
                         .send()
@@ -128,7 +136,13 @@ impl Ec2 {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| Ec2Error::classify("RunInstances", Some("InsufficientInstanceCapacity"), Some("no instance type or zone configured"))))
+        Err(last.unwrap_or_else(|| {
+            Ec2Error::classify(
+                "RunInstances",
+                Some("InsufficientInstanceCapacity"),
+                Some("no instance type or zone configured"),
+            )
+        }))
     }
 
     async fn run_instance(
@@ -167,11 +181,9 @@ impl Ec2 {
                     .send()
             })
             .await?;
-        let view = out
-            .instances()
-            .first()
-            .and_then(InstanceView::from_sdk)
-            .ok_or_else(|| Ec2Error::classify("RunInstances", Some("EmptyResponse"), Some("no instance in the response")))?;
+        let view = out.instances().first().and_then(InstanceView::from_sdk).ok_or_else(|| {
+            Ec2Error::classify("RunInstances", Some("EmptyResponse"), Some("no instance in the response"))
+        })?;
         tracing::info!(instance = %view.id, %instance_type, %zone, "RunInstances");
         Ok(view)
     }
@@ -212,9 +224,5 @@ impl Ec2 {
 }
 
 fn changed_state(changes: &[aws_sdk_ec2::types::InstanceStateChange], default: InstanceState) -> InstanceState {
-    changes
-        .first()
-        .and_then(|c| c.current_state())
-        .map(|s| state_from_sdk(s.name()))
-        .unwrap_or(default)
+    changes.first().and_then(|c| c.current_state()).map(|s| state_from_sdk(s.name())).unwrap_or(default)
 }

@@ -11,8 +11,8 @@ pub mod user_data;
 pub mod volumes;
 pub mod watcher;
 
-use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
@@ -67,10 +67,17 @@ impl Ec2 {
     }
 
     /// Runs one EC2 call, retrying throttling with jittered backoff.
-    pub(crate) async fn call<T, E, F, Fut>(&self, operation: &'static str, kind: CallKind, mut f: F) -> Result<T, Ec2Error>
+    pub(crate) async fn call<T, E, F, Fut>(
+        &self,
+        operation: &'static str,
+        kind: CallKind,
+        mut f: F,
+    ) -> Result<T, Ec2Error>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>>>,
+        Fut: std::future::Future<
+                Output = Result<T, aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>>,
+            >,
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         let mut attempt = 0;

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use hangar_crds::Sandbox;
-use kube::api::{Api, ListParams};
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 
 use super::Ec2;
 use crate::error::Result;

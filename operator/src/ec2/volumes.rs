@@ -89,7 +89,13 @@ impl Ec2 {
             .await?;
         let id = out.volume_id().unwrap_or_default().to_owned();
         tracing::info!(volume = %id, %zone, "CreateVolume");
-        Ok(VolumeView { id, zone: zone.to_owned(), available: true, attached_to: None, session_id: Some(tags.session_id.to_owned()) })
+        Ok(VolumeView {
+            id,
+            zone: zone.to_owned(),
+            available: true,
+            attached_to: None,
+            session_id: Some(tags.session_id.to_owned()),
+        })
     }
 
     pub async fn attach(&self, volume_id: &str, instance_id: &str) -> Result<(), Ec2Error> {

@@ -82,7 +82,12 @@ impl InstanceWatcher {
     /// shutting down): worth describing sooner than the steady interval.
     fn in_transition(&self) -> bool {
         use super::instances::InstanceState::*;
-        self.inner.by_session.read().expect("lock").values().any(|v| matches!(v.state, Pending | Stopping | ShuttingDown))
+        self.inner
+            .by_session
+            .read()
+            .expect("lock")
+            .values()
+            .any(|v| matches!(v.state, Pending | Stopping | ShuttingDown))
     }
 
     pub fn request_refresh(&self) {
@@ -117,7 +122,11 @@ impl InstanceWatcher {
     }
 
     /// Swaps in a new view; returns the Sandboxes whose instance changed.
-    fn replace(&self, instances: Vec<InstanceView>, started: std::time::Instant) -> Vec<ObjectRef<hangar_crds::Sandbox>> {
+    fn replace(
+        &self,
+        instances: Vec<InstanceView>,
+        started: std::time::Instant,
+    ) -> Vec<ObjectRef<hangar_crds::Sandbox>> {
         let mut next: HashMap<String, InstanceView> = HashMap::new();
         let newer_here: Vec<String> = {
             let mut local = self.inner.local_updates.write().expect("lock");
@@ -174,13 +183,17 @@ mod tests {
     fn a_refresh_reports_only_changed_sessions_and_prefers_live_instances() {
         let w = InstanceWatcher::default();
         let t = std::time::Instant::now();
-        let first = w.replace(vec![view("i-1", "a", InstanceState::Running), view("i-2", "b", InstanceState::Running)], t);
+        let first =
+            w.replace(vec![view("i-1", "a", InstanceState::Running), view("i-2", "b", InstanceState::Running)], t);
         assert_eq!(first.len(), 2);
-        let second = w.replace(vec![
-            view("i-1", "a", InstanceState::Running),
-            view("i-2", "b", InstanceState::Stopped),
-            view("i-0", "a", InstanceState::Terminated),
-        ], t);
+        let second = w.replace(
+            vec![
+                view("i-1", "a", InstanceState::Running),
+                view("i-2", "b", InstanceState::Stopped),
+                view("i-0", "a", InstanceState::Terminated),
+            ],
+            t,
+        );
         assert_eq!(second, vec![ObjectRef::new("sbx-b").within("ns")]);
         assert_eq!(w.get("a").unwrap().id, "i-1");
         assert_eq!(w.get("b").unwrap().state, InstanceState::Stopped);

@@ -5,25 +5,25 @@
 use std::collections::BTreeMap;
 
 use hangar_crds::{CommandPhase, Sandbox, SandboxStatus, SandboxTemplate};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::observe::Observation;
-use hangar_core::session::ending::StopReason;
-use hangar_core::session::phase_machine::{self as phase, Action};
 use crate::context::Context;
 use crate::ec2::instances::{InstanceView, LaunchRequest};
 use crate::ec2::tags::SessionTags;
 use crate::ec2::{Ec2Error, Ec2ErrorKind, user_data};
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::node::labels::{self, NodeFacts, SESSION_TAINT};
 use crate::node::agent_pod;
+use crate::node::labels::{self, NodeFacts, SESSION_TAINT};
 use crate::settings::shape_of;
+use hangar_core::session::ending::StopReason;
+use hangar_core::session::phase_machine::{self as phase, Action};
 
 pub const FIELD_MANAGER: &str = "hangar-operator";
 
@@ -50,7 +50,12 @@ pub async fn execute(
     action: &Action,
     status: &mut SandboxStatus,
 ) -> Result<()> {
-    let tags = SessionTags { cluster: &ctx.settings.cluster_name, session_id: s.session_id, namespace: s.namespace, name: s.name };
+    let tags = SessionTags {
+        cluster: &ctx.settings.cluster_name,
+        session_id: s.session_id,
+        namespace: s.namespace,
+        name: s.name,
+    };
     match action {
         Action::EnsureKey => ensure_key(ctx, s.session_id).await,
         Action::Launch => launch(ctx, s, &tags, status).await,
@@ -198,7 +203,8 @@ async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: 
     // instance exists.
     if agent_image(ctx, s.sandbox).await?.is_none() {
         let template = s.sandbox.spec.template.as_deref().unwrap_or("");
-        status.stop_reason = Some(StopReason::TemplateNotFound(format!("{template} is not a registered template")).text());
+        status.stop_reason =
+            Some(StopReason::TemplateNotFound(format!("{template} is not a registered template")).text());
         status.phase = Some(hangar_crds::Phase::Stopping);
         return Ok(());
     }
@@ -278,7 +284,12 @@ async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status:
     });
     let mut taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
     taints.retain(|t| t.key != SESSION_TAINT);
-    taints.push(Taint { key: SESSION_TAINT.into(), value: Some(s.session_id.to_owned()), effect: "NoSchedule".into(), time_added: None });
+    taints.push(Taint {
+        key: SESSION_TAINT.into(),
+        value: Some(s.session_id.to_owned()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    });
     let patch = json!({
         "metadata": {"labels": node_labels, "annotations": labels::annotations()},
         "spec": {"taints": taints},

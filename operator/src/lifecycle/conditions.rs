@@ -16,7 +16,9 @@ pub fn ready(previous: &[Condition], status: &SandboxStatus, generation: Option<
         Phase::Resuming => ("False", "Resuming", "starting the same instance again".to_owned()),
         Phase::Interrupted => ("False", "Interrupted", "the instance or its worker stopped reporting".to_owned()),
         Phase::Stopping => ("False", "Stopping", "running the reset".to_owned()),
-        Phase::ResetIncomplete => ("False", "ResetIncomplete", "a reset step is not confirmed yet; retrying".to_owned()),
+        Phase::ResetIncomplete => {
+            ("False", "ResetIncomplete", "a reset step is not confirmed yet; retrying".to_owned())
+        }
         Phase::Ended => ("False", "Ended", format!("ended: {}", status.stop_reason.as_deref().unwrap_or("unknown"))),
         Phase::Failed => ("False", "Failed", format!("failed: {}", status.stop_reason.as_deref().unwrap_or("unknown"))),
     };

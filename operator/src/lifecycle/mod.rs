@@ -79,14 +79,15 @@ pub async fn run(
         })
         .watches_stream(nodes, move |node: Node| {
             let labels = node.labels();
-            let target = if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
-                ObjectRef::new(name).within(ns)
-            } else {
-                // A node that just registered carries no session labels yet:
-                // map it by its providerID to the instance's Sandbox.
-                let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
-                instances.sandbox_of_instance(instance_of_provider_id(provider_id)?)?
-            };
+            let target =
+                if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
+                    ObjectRef::new(name).within(ns)
+                } else {
+                    // A node that just registered carries no session labels yet:
+                    // map it by its providerID to the instance's Sandbox.
+                    let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
+                    instances.sandbox_of_instance(instance_of_provider_id(provider_id)?)?
+                };
             let ns = target.namespace.clone()?;
             serves(&ns).then(|| m1.metrics.triggered(&ns, &target.name)).map(|_| target)
         })
@@ -138,7 +139,9 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     if terminal {
         let left = crate::output_retention::enforce(&ctx, &sandbox, &current).await?;
         remove_finalizer(&api, &sandbox).await?;
-        return Ok(left.map(|d| Requeue::requeue(d + Duration::from_millis(100))).unwrap_or_else(Requeue::await_change));
+        return Ok(left
+            .map(|d| Requeue::requeue(d + Duration::from_millis(100)))
+            .unwrap_or_else(Requeue::await_change));
     }
     ensure_finalizer(&api, &sandbox).await?;
 
@@ -196,11 +199,14 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         // finalizer does, so even a deleted Sandbox's output is erased.
         let left = crate::output_retention::enforce(&ctx, &sandbox, &status).await?;
         remove_finalizer(&api, &sandbox).await?;
-        return Ok(left.map(|d| Requeue::requeue(d + Duration::from_millis(100))).unwrap_or_else(Requeue::await_change));
+        return Ok(left
+            .map(|d| Requeue::requeue(d + Duration::from_millis(100)))
+            .unwrap_or_else(Requeue::await_change));
     }
     // Watches wake us as soon as anything changes; the requeue is the
     // level-triggered safety net, tighter while a transition is under way.
-    let transitional = matches!(status.phase, Some(Phase::Launching | Phase::Pausing | Phase::Resuming | Phase::Stopping));
+    let transitional =
+        matches!(status.phase, Some(Phase::Launching | Phase::Pausing | Phase::Resuming | Phase::Stopping));
     Ok(match plan.requeue_after {
         Some(d) => Requeue::requeue(d),
         None if transitional => Requeue::requeue(Duration::from_secs(10)),
@@ -260,10 +266,10 @@ fn command_counts(ctx: &Context, ns: &str, name: &str) -> CommandCounts {
 
 /// Records the instance and volume found by tag in the status.
 fn adopt(status: &mut SandboxStatus, obs: &observe::Observation) {
-    if let Some(i) = obs.instance.as_ref().filter(|i| !i.state.is_gone()) {
-        if status.instance_id.as_deref() != Some(i.id.as_str()) {
-            actions::record_instance(status, i);
-        }
+    if let Some(i) = obs.instance.as_ref().filter(|i| !i.state.is_gone())
+        && status.instance_id.as_deref() != Some(i.id.as_str())
+    {
+        actions::record_instance(status, i);
     }
     if let Some(v) = &obs.volume {
         status.volume_id = Some(v.id.clone());

@@ -10,14 +10,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 
-use hangar_core::session::ending::StopReason;
-use hangar_core::session::phase_machine::{AgentState, Desired, Observed, VolumeState, WorkerReport};
 use crate::context::Context;
 use crate::ec2::instances::InstanceView;
 use crate::error::Result;
 use crate::keys;
 use crate::node::agent_pod;
 use crate::node::labels::{SESSION_LABEL, SESSION_TAINT, instance_of_provider_id};
+use hangar_core::session::ending::StopReason;
+use hangar_core::session::phase_machine::{AgentState, Desired, Observed, VolumeState, WorkerReport};
 
 pub struct Observation {
     pub observed: Observed,
@@ -46,7 +46,10 @@ pub fn find_node(ctx: &Context, instance_id: &str) -> Option<Node> {
     ctx.nodes
         .state()
         .into_iter()
-        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(instance_of_provider_id) == Some(instance_id))
+        .find(|n| {
+            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(instance_of_provider_id)
+                == Some(instance_id)
+        })
         .map(|n| (*n).clone())
 }
 
@@ -56,7 +59,8 @@ fn ready_condition(node: &Node) -> Option<bool> {
 }
 
 pub fn node_prepared(node: &Node, sandbox_name: &str, session_id: &str) -> bool {
-    let labelled = node.metadata.labels.as_ref().and_then(|l| l.get(SESSION_LABEL)).map(String::as_str) == Some(sandbox_name);
+    let labelled =
+        node.metadata.labels.as_ref().and_then(|l| l.get(SESSION_LABEL)).map(String::as_str) == Some(sandbox_name);
     let tainted = node
         .spec
         .as_ref()
@@ -83,7 +87,8 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     let ready = node.as_ref().and_then(ready_condition);
 
     // The worker's Lease: fresh, and which attempt it serves.
-    let lease = ctx.leases.get(&ObjectRef::new(&heartbeat::lease_name(session_id)).within(&ctx.settings.system_namespace));
+    let lease =
+        ctx.leases.get(&ObjectRef::new(&heartbeat::lease_name(session_id)).within(&ctx.settings.system_namespace));
     let stale = Duration::from_secs(ctx.settings.heartbeat_stale_seconds);
     let mut workspace_closed_at = None;
     let worker = lease.as_ref().and_then(|l| {
@@ -140,20 +145,19 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         _ => true,
     };
 
-    let unfinished_commands = if matches!(phase, Phase::Stopping | Phase::ResetIncomplete)
-        || matches!(desired(sandbox), Desired::End(_))
-    {
-        let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
-        commands
-            .list(&ListParams::default().fields(&format!("spec.sandbox={name}")))
-            .await?
-            .items
-            .iter()
-            .filter(|c| !c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final))
-            .count()
-    } else {
-        0
-    };
+    let unfinished_commands =
+        if matches!(phase, Phase::Stopping | Phase::ResetIncomplete) || matches!(desired(sandbox), Desired::End(_)) {
+            let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
+            commands
+                .list(&ListParams::default().fields(&format!("spec.sandbox={name}")))
+                .await?
+                .items
+                .iter()
+                .filter(|c| !c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final))
+                .count()
+        } else {
+            0
+        };
 
     Ok(Observation {
         observed: Observed {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use hangar_crds::{Mode, Sandbox};
 use k8s_openapi::api::core::v1::{
-    Container, HostPathVolumeSource, Pod, PodSpec, SecurityContext, Capabilities, Toleration, Volume, VolumeMount,
+    Capabilities, Container, HostPathVolumeSource, Pod, PodSpec, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -30,7 +30,8 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
         Mode::Agent => "agent",
         Mode::Commands => "commands",
     };
-    let mut args = vec!["--mode".to_owned(), mode.to_owned(), "--socket".to_owned(), format!("{HOST_SOCKET_DIR}/supervisor.sock")];
+    let mut args =
+        vec!["--mode".to_owned(), mode.to_owned(), "--socket".to_owned(), format!("{HOST_SOCKET_DIR}/supervisor.sock")];
     if spec.mode == Mode::Agent && !spec.command.is_empty() {
         args.push("--".into());
         args.extend(spec.command.iter().cloned());
@@ -61,7 +62,8 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
             ..Default::default()
         });
     }
-    let host_path = |path: &str| HostPathVolumeSource { path: path.to_owned(), type_: Some("DirectoryOrCreate".into()) };
+    let host_path =
+        |path: &str| HostPathVolumeSource { path: path.to_owned(), type_: Some("DirectoryOrCreate".into()) };
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(&name)),

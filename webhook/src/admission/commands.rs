@@ -59,7 +59,13 @@ impl SessionQueues {
 }
 
 /// Reads, decides and (unless a dry run) reserves the command's place.
-pub async fn admit(client: &kube::Client, queues: &SessionQueues, namespace: &str, command: &Command, dry_run: bool) -> Decided {
+pub async fn admit(
+    client: &kube::Client,
+    queues: &SessionQueues,
+    namespace: &str,
+    command: &Command,
+    dry_run: bool,
+) -> Decided {
     let name = &command.spec.sandbox;
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), namespace);
     let commands: Api<Command> = Api::namespaced(client.clone(), namespace);
@@ -105,10 +111,9 @@ async fn read(
         return Ok((None, Counts::default(), None));
     };
     let list = commands.list(&ListParams::default().fields(&format!("spec.sandbox={name}"))).await?.items;
-    let finished = list
-        .iter()
-        .filter(|c| c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final))
-        .count() as i64;
+    let finished =
+        list.iter().filter(|c| c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final)).count()
+            as i64;
     let counter = sandbox.annotations().get(ADMITTED_ANNOTATION).and_then(|v| v.parse::<i64>().ok());
     let admitted = counter.unwrap_or(0).max(list.len() as i64);
     Ok((Some(sandbox), Counts { admitted, finished }, counter))

@@ -8,7 +8,10 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use super::Refusal;
 
 /// The answer to `request`: allowed, or refused.
-pub fn answer<K: kube::Resource>(request: &AdmissionRequest<K>, refusal: Option<&Refusal>) -> AdmissionReview<DynamicObject> {
+pub fn answer<K: kube::Resource>(
+    request: &AdmissionRequest<K>,
+    refusal: Option<&Refusal>,
+) -> AdmissionReview<DynamicObject> {
     let response = AdmissionResponse::from(request);
     match refusal {
         None => response.into_review(),

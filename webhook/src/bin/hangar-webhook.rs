@@ -8,17 +8,17 @@ use std::process::ExitCode;
 use bytes::Bytes;
 use clap::Parser;
 use hangar_crds::Command;
-use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
-use tracing::Instrument;
 use hangar_webhook::admission::{AdmissionError, commands, review};
+use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use hangar_runtime::admin::{self, HttpMetrics};
 use hangar_runtime::https::{self, Body, RequestBody};
 use hangar_webhook::metrics::AdmissionMetrics;
-use prometheus_client::registry::Registry;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::registry::Registry;
 
 #[derive(Parser, Debug)]
 #[command(version, about = "hangar admission webhook")]
@@ -72,7 +72,10 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     wh.metrics.register(&mut registry);
     let readiness = admin::Readiness::default();
     let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen).await?;
-    tokio::spawn(admin::serve(admin_listener, admin::router(Arc::new(registry), readiness.clone(), Default::default())));
+    tokio::spawn(admin::serve(
+        admin_listener,
+        admin::router(Arc::new(registry), readiness.clone(), Default::default()),
+    ));
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
     readiness.set_ready();

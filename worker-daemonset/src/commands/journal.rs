@@ -21,9 +21,7 @@ pub struct Journal {
 
 impl Journal {
     pub fn new(spool_root: &Path, session_id: &str) -> Self {
-        Self {
-            dir: spool_root.join("journal").join(session_id),
-        }
+        Self { dir: spool_root.join("journal").join(session_id) }
     }
 
     fn path(&self, n: u32) -> PathBuf {
@@ -38,10 +36,7 @@ impl Journal {
     /// Records that command `n` is handed over to the supervisor `boot`.
     pub fn write(&self, n: u32, boot: &str) -> Result<(), JournalError> {
         let path = self.path(n);
-        let err = |source| JournalError {
-            path: path.clone(),
-            source,
-        };
+        let err = |source| JournalError { path: path.clone(), source };
         std::fs::create_dir_all(&self.dir).map_err(err)?;
         std::fs::write(&path, boot).map_err(err)
     }
@@ -67,20 +62,9 @@ mod tests {
         journal.write(2, "boot-1").unwrap();
         journal.write(2, "boot-2").unwrap();
         assert_eq!(journal.read(1).as_deref(), Some("boot-1"));
-        assert_eq!(
-            journal.read(2).as_deref(),
-            Some("boot-2"),
-            "the latest hand-over"
-        );
-        assert_eq!(
-            Journal::new(spool.path(), "session-b").read(1),
-            None,
-            "another session's journal"
-        );
-        assert_eq!(
-            std::fs::read_to_string(spool.path().join("journal/session-a/1")).unwrap(),
-            "boot-1"
-        );
+        assert_eq!(journal.read(2).as_deref(), Some("boot-2"), "the latest hand-over");
+        assert_eq!(Journal::new(spool.path(), "session-b").read(1), None, "another session's journal");
+        assert_eq!(std::fs::read_to_string(spool.path().join("journal/session-a/1")).unwrap(), "boot-1");
         journal.forget(1);
         journal.forget(3);
         assert_eq!(journal.read(1), None);

@@ -128,13 +128,7 @@ struct Connection {
 
 impl Connection {
     fn new(hello: Hello) -> Self {
-        Self {
-            hello,
-            recovered: false,
-            killall_sent: false,
-            cancel_sent: Vec::new(),
-            acked: 0,
-        }
+        Self { hello, recovered: false, killall_sent: false, cancel_sent: Vec::new(), acked: 0 }
     }
 }
 
@@ -167,11 +161,7 @@ impl Runner {
         (runner, incoming)
     }
 
-    pub async fn run(
-        mut self,
-        mut incoming: mpsc::Receiver<Incoming>,
-        mut state: watch::Receiver<SessionState>,
-    ) {
+    pub async fn run(mut self, mut incoming: mpsc::Receiver<Incoming>, mut state: watch::Receiver<SessionState>) {
         let wc = watcher::Config::default().fields(&format!("spec.sandbox={}", self.cfg.sandbox));
         let mut events = watcher(self.api.clone(), wc).boxed();
         let mut listing: Option<BTreeMap<String, Command>> = None;
@@ -216,11 +206,7 @@ impl Runner {
     /// Keeps the newer of the watched object and our own last write.
     fn observe(&mut self, c: Command) {
         let newer = |a: &Command, b: &Command| {
-            let rv = |c: &Command| {
-                c.resource_version()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
+            let rv = |c: &Command| c.resource_version().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             rv(a) >= rv(b)
         };
         match self.commands.get(&c.name_any()) {
@@ -262,11 +248,7 @@ impl Runner {
                 Ok(Some(seq)) => {
                     if let Some(conn) = self.conn.as_mut()
                         && seq > conn.acked
-                        && self
-                            .link
-                            .send(&ToSupervisor::Ack { upto: seq })
-                            .await
-                            .is_ok()
+                        && self.link.send(&ToSupervisor::Ack { upto: seq }).await.is_ok()
                     {
                         conn.acked = seq;
                     }
@@ -295,31 +277,17 @@ impl Runner {
         while i < batch.len() {
             let Sequenced { seq, msg } = &batch[i];
             match msg {
-                FromSupervisor::Output {
-                    id,
-                    stream,
-                    offset,
-                    data_b64,
-                } => {
+                FromSupervisor::Output { id, stream, offset, data_b64 } => {
                     // Join the contiguous chunks of this command and stream.
                     let b64 = base64::engine::general_purpose::STANDARD;
                     let mut bytes = b64.decode(data_b64)?;
                     let mut last = *seq;
                     while let Some(Sequenced {
                         seq,
-                        msg:
-                            FromSupervisor::Output {
-                                id: i2,
-                                stream: s2,
-                                offset: o2,
-                                data_b64,
-                            },
+                        msg: FromSupervisor::Output { id: i2, stream: s2, offset: o2, data_b64 },
                     }) = batch.get(i + 1)
                     {
-                        if i2 != id
-                            || s2 != stream
-                            || *o2 != offset + bytes.len() as u64
-                            || bytes.len() >= CHUNK_BYTES
+                        if i2 != id || s2 != stream || *o2 != offset + bytes.len() as u64 || bytes.len() >= CHUNK_BYTES
                         {
                             break;
                         }
@@ -351,10 +319,7 @@ impl Runner {
 
     async fn writer(&mut self, id: u32) -> Result<&mut OutputWriter, RunnerError> {
         if !self.writers.contains_key(&id) {
-            let key = self
-                .key
-                .ok_or(LinkError::NotConnected)
-                .map_err(RunnerError::Link)?;
+            let key = self.key.ok_or(LinkError::NotConnected).map_err(RunnerError::Link)?;
             let w = OutputWriter::open(
                 self.cfg.store.clone(),
                 self.cfg.spool_root.join("output"),
@@ -380,10 +345,7 @@ impl Runner {
             OutputStream::Stdout => Stream::Stdout,
             OutputStream::Stderr => Stream::Stderr,
         };
-        self.writer(id)
-            .await?
-            .write_at(stream, offset, bytes)
-            .await?;
+        self.writer(id).await?.write_at(stream, offset, bytes).await?;
         Ok(())
     }
 
@@ -408,11 +370,7 @@ impl Runner {
     /// A compare-and-swap to a final status, re-read on a conflict. If it
     /// still cannot be written, the error leaves the supervisor's message
     /// unacknowledged, so it comes again.
-    async fn transition_final(
-        &mut self,
-        mut cmd: Command,
-        status: CommandStatus,
-    ) -> Result<(), RunnerError> {
+    async fn transition_final(&mut self, mut cmd: Command, status: CommandStatus) -> Result<(), RunnerError> {
         for _ in 0..3 {
             if plan::phase(&cmd).is_some_and(CommandPhase::is_final) {
                 return Ok(());
@@ -465,13 +423,9 @@ impl Runner {
             }
         }
         if self.key.is_none() {
-            let key = attempt_key::load_or_create(
-                &self.cfg.spool_root,
-                &self.secrets,
-                &self.cfg.session_id,
-                self.attempt,
-            )
-            .await?;
+            let key =
+                attempt_key::load_or_create(&self.cfg.spool_root, &self.secrets, &self.cfg.session_id, self.attempt)
+                    .await?;
             attempt_key::forget_earlier(&self.cfg.spool_root, &self.cfg.session_id, self.attempt);
             self.key = Some(key);
         }
@@ -509,17 +463,11 @@ impl Runner {
     /// After a (re)connection: settle every command marked running.
     async fn recover(&mut self, hello: &Hello) -> Result<(), RunnerError> {
         let pausing = self.state.phase == Some(Phase::Pausing);
-        let steps: Vec<(u32, Command, Recovery)> = plan::after_hello(
-            self.commands.values(),
-            self.attempt,
-            hello,
-            pausing,
-            |n| self.journal.read(n),
-            &now(),
-        )
-        .into_iter()
-        .map(|(n, c, step)| (n, c.clone(), step))
-        .collect();
+        let steps: Vec<(u32, Command, Recovery)> =
+            plan::after_hello(self.commands.values(), self.attempt, hello, pausing, |n| self.journal.read(n), &now())
+                .into_iter()
+                .map(|(n, c, step)| (n, c.clone(), step))
+                .collect();
         for (n, c, step) in steps {
             match step {
                 Recovery::Keep => {}
@@ -531,14 +479,10 @@ impl Runner {
     }
 
     async fn cancel_running(&mut self) -> Result<(), RunnerError> {
-        let wanted: Vec<(u32, Command)> = plan::to_cancel(self.commands.values(), self.attempt)
-            .into_iter()
-            .map(|(n, c)| (n, c.clone()))
-            .collect();
+        let wanted: Vec<(u32, Command)> =
+            plan::to_cancel(self.commands.values(), self.attempt).into_iter().map(|(n, c)| (n, c.clone())).collect();
         for (n, c) in wanted {
-            if plan::phase(&c) == Some(CommandPhase::Running)
-                && !self.cas(&c, &plan::cancelling()).await?
-            {
+            if plan::phase(&c) == Some(CommandPhase::Running) && !self.cas(&c, &plan::cancelling()).await? {
                 continue; // changed meanwhile; the next event brings it
             }
             if let Some(conn) = self.conn.as_mut()
@@ -552,10 +496,8 @@ impl Runner {
     }
 
     async fn start_queued(&mut self, boot: &str) -> Result<(), RunnerError> {
-        let next: Vec<(u32, Command)> = plan::to_hand_over(self.commands.values(), self.attempt)
-            .into_iter()
-            .map(|(n, c)| (n, c.clone()))
-            .collect();
+        let next: Vec<(u32, Command)> =
+            plan::to_hand_over(self.commands.values(), self.attempt).into_iter().map(|(n, c)| (n, c.clone())).collect();
         for (n, c) in next {
             if self.cas(&c, &plan::running(self.attempt, now())).await? {
                 self.hand_over(&c, n, boot).await?;
@@ -578,9 +520,7 @@ impl Runner {
     /// Sends chunks a previous worker spooled but did not upload.
     async fn flush_spool(&self) {
         let spool = self.cfg.spool_root.join("output");
-        if let Err(e) =
-            hangar_output::resend_spooled(&self.cfg.store, &spool, &self.cfg.session_id).await
-        {
+        if let Err(e) = hangar_output::resend_spooled(&self.cfg.store, &spool, &self.cfg.session_id).await {
             tracing::warn!(error = %e, "re-sending spooled output");
         }
     }

@@ -14,10 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// The command's number in the session, which is its id on the supervisor.
 pub fn number(c: &Command) -> Option<u32> {
-    c.status
-        .as_ref()
-        .and_then(|s| s.number)
-        .and_then(|n| u32::try_from(n).ok())
+    c.status.as_ref().and_then(|s| s.number).and_then(|n| u32::try_from(n).ok())
 }
 
 pub fn phase(c: &Command) -> Option<CommandPhase> {
@@ -26,10 +23,8 @@ pub fn phase(c: &Command) -> Option<CommandPhase> {
 
 /// Runs in `attempt` and has not ended.
 pub fn live_here(c: &Command, attempt: i64) -> bool {
-    matches!(
-        phase(c),
-        Some(CommandPhase::Running | CommandPhase::Cancelling)
-    ) && c.status.as_ref().and_then(|s| s.attempt) == Some(attempt)
+    matches!(phase(c), Some(CommandPhase::Running | CommandPhase::Cancelling))
+        && c.status.as_ref().and_then(|s| s.attempt) == Some(attempt)
 }
 
 /// No command of `attempt` is still running: a pause may close the
@@ -41,10 +36,7 @@ pub fn drained<'a>(commands: impl IntoIterator<Item = &'a Command>, attempt: i64
 /// The queued commands to hand over now, by number: as many as
 /// `MAX_RUNNING` leaves room for beside those live in `attempt`. A queued
 /// command with cancel set is never handed over.
-pub fn to_hand_over<'a>(
-    commands: impl IntoIterator<Item = &'a Command>,
-    attempt: i64,
-) -> Vec<(u32, &'a Command)> {
+pub fn to_hand_over<'a>(commands: impl IntoIterator<Item = &'a Command>, attempt: i64) -> Vec<(u32, &'a Command)> {
     let mut running = 0;
     let mut queued = Vec::new();
     for c in commands {
@@ -64,10 +56,7 @@ pub fn to_hand_over<'a>(
 
 /// The live commands of `attempt` whose cancel is set: each is marked
 /// `cancelling` (if still `running`) and the supervisor is told.
-pub fn to_cancel<'a>(
-    commands: impl IntoIterator<Item = &'a Command>,
-    attempt: i64,
-) -> Vec<(u32, &'a Command)> {
+pub fn to_cancel<'a>(commands: impl IntoIterator<Item = &'a Command>, attempt: i64) -> Vec<(u32, &'a Command)> {
     commands
         .into_iter()
         .filter(|c| c.spec.cancel && live_here(c, attempt))
@@ -80,12 +69,7 @@ pub fn run(c: &Command, n: u32) -> ToSupervisor {
     ToSupervisor::Run {
         id: n,
         argv: c.spec.argv.clone(),
-        env: c
-            .spec
-            .env
-            .iter()
-            .map(|e| (e.name.clone(), e.value.clone()))
-            .collect(),
+        env: c.spec.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
         cwd: c.spec.working_dir.clone(),
         timeout_seconds: c.spec.timeout_seconds.max(1) as u64,
     }
@@ -105,10 +89,7 @@ pub fn running(attempt: i64, now: Time) -> CommandStatus {
 /// A running command whose cancel is set, until the supervisor reports it
 /// ended.
 pub fn cancelling() -> CommandStatus {
-    CommandStatus {
-        phase: Some(CommandPhase::Cancelling),
-        ..Default::default()
-    }
+    CommandStatus { phase: Some(CommandPhase::Cancelling), ..Default::default() }
 }
 
 /// How a command ended.
@@ -121,11 +102,7 @@ pub struct Ending {
 
 impl Ending {
     fn new(phase: CommandPhase, exit_code: Option<i32>, reason: Option<&str>) -> Self {
-        Self {
-            phase,
-            exit_code,
-            reason: reason.map(str::to_owned),
-        }
+        Self { phase, exit_code, reason: reason.map(str::to_owned) }
     }
 
     /// The final status: when it ended and, when known, how many bytes of
@@ -145,26 +122,12 @@ impl Ending {
 /// The final status of a process that ended: who ended it decides.
 pub fn ended(ended_by: EndedBy, exit_code: Option<i32>, signal: Option<i32>) -> Ending {
     match ended_by {
-        EndedBy::Itself => Ending {
-            phase: CommandPhase::Exited,
-            exit_code,
-            reason: signal.map(|s| format!("ended by signal {s}")),
-        },
-        EndedBy::Timeout => Ending::new(
-            CommandPhase::TimedOut,
-            None,
-            Some("ran past timeoutSeconds"),
-        ),
-        EndedBy::Cancel => Ending::new(
-            CommandPhase::Cancelled,
-            None,
-            Some("cancelled while running"),
-        ),
-        EndedBy::KillAll => Ending::new(
-            CommandPhase::KilledAtPause,
-            None,
-            Some("the session paused while it ran"),
-        ),
+        EndedBy::Itself => {
+            Ending { phase: CommandPhase::Exited, exit_code, reason: signal.map(|s| format!("ended by signal {s}")) }
+        }
+        EndedBy::Timeout => Ending::new(CommandPhase::TimedOut, None, Some("ran past timeoutSeconds")),
+        EndedBy::Cancel => Ending::new(CommandPhase::Cancelled, None, Some("cancelled while running")),
+        EndedBy::KillAll => Ending::new(CommandPhase::KilledAtPause, None, Some("the session paused while it ran")),
     }
 }
 
@@ -182,15 +145,10 @@ pub fn ending(msg: &FromSupervisor) -> Option<(u32, Ending)> {
                 reason: Some(format!("cannot start: {message}")),
             },
         )),
-        FromSupervisor::Exited {
-            id,
-            exit_code,
-            signal,
-            ended_by,
-        } => Some((*id, ended(*ended_by, *exit_code, *signal))),
-        FromSupervisor::Started { .. }
-        | FromSupervisor::Output { .. }
-        | FromSupervisor::AgentExited { .. } => None,
+        FromSupervisor::Exited { id, exit_code, signal, ended_by } => {
+            Some((*id, ended(*ended_by, *exit_code, *signal)))
+        }
+        FromSupervisor::Started { .. } | FromSupervisor::Output { .. } | FromSupervisor::AgentExited { .. } => None,
     }
 }
 
@@ -228,18 +186,13 @@ pub fn after_hello<'a>(
 ) -> Vec<(u32, &'a Command, Recovery)> {
     let mut steps = Vec::new();
     for c in commands {
-        if !matches!(
-            phase(c),
-            Some(CommandPhase::Running | CommandPhase::Cancelling)
-        ) {
+        if !matches!(phase(c), Some(CommandPhase::Running | CommandPhase::Cancelling)) {
             continue;
         }
         let Some(n) = number(c) else { continue };
         let ran_in = c.status.as_ref().and_then(|s| s.attempt);
         let settle = |phase, reason: Option<&str>, output_bytes| {
-            Recovery::Settle(Box::new(
-                Ending::new(phase, None, reason).status(now.clone(), output_bytes),
-            ))
+            Recovery::Settle(Box::new(Ending::new(phase, None, reason).status(now.clone(), output_bytes)))
         };
         let step = if ran_in != Some(attempt) {
             let reason = format!("running when attempt {} ended", ran_in.unwrap_or(0));
@@ -248,11 +201,9 @@ pub fn after_hello<'a>(
             Recovery::Keep
         } else {
             match journal(n) {
-                Some(boot) if boot != hello.boot => settle(
-                    CommandPhase::OutcomeUnknown,
-                    Some("the container it ran in restarted"),
-                    None,
-                ),
+                Some(boot) if boot != hello.boot => {
+                    settle(CommandPhase::OutcomeUnknown, Some("the container it ran in restarted"), None)
+                }
                 // Not run at all: no output.
                 _ if pausing => settle(CommandPhase::KilledAtPause, None, Some(0)),
                 _ => Recovery::HandOver,
@@ -284,12 +235,7 @@ mod tests {
             cancel: false,
         };
         let mut c = Command::new(name, spec);
-        c.status = Some(CommandStatus {
-            number,
-            phase: Some(phase),
-            attempt,
-            ..Default::default()
-        });
+        c.status = Some(CommandStatus { number, phase: Some(phase), attempt, ..Default::default() });
         c
     }
 
@@ -327,15 +273,8 @@ mod tests {
 
         // 14 running and 1 cancelling in this attempt leave room for one.
         commands.clear();
-        commands.extend(
-            (1..=14).map(|n| cmd(&format!("r{n}"), Some(n), CommandPhase::Running, Some(2))),
-        );
-        commands.push(cmd(
-            "cancelling",
-            Some(15),
-            CommandPhase::Cancelling,
-            Some(2),
-        ));
+        commands.extend((1..=14).map(|n| cmd(&format!("r{n}"), Some(n), CommandPhase::Running, Some(2))));
+        commands.push(cmd("cancelling", Some(15), CommandPhase::Cancelling, Some(2)));
         // Neither counts: one left over from an earlier attempt, one ended.
         commands.push(cmd("stale", Some(16), CommandPhase::Running, Some(1)));
         commands.push(cmd("done", Some(17), CommandPhase::Exited, Some(2)));
@@ -343,10 +282,7 @@ mod tests {
         assert_eq!(numbers(&to_hand_over(&commands, 2)), vec![18]);
 
         commands.push(cmd("r16", Some(21), CommandPhase::Running, Some(2)));
-        assert!(
-            to_hand_over(&commands, 2).is_empty(),
-            "16 running: nothing more"
-        );
+        assert!(to_hand_over(&commands, 2).is_empty(), "16 running: nothing more");
         assert!(!drained(&commands, 2));
     }
 
@@ -366,12 +302,7 @@ mod tests {
         let mut other_attempt = cmd("c", Some(3), CommandPhase::Running, Some(1));
         let mut q = queued("d", 4);
         let not_asked = cmd("e", Some(5), CommandPhase::Running, Some(2));
-        for c in [
-            &mut running,
-            &mut being_cancelled,
-            &mut other_attempt,
-            &mut q,
-        ] {
+        for c in [&mut running, &mut being_cancelled, &mut other_attempt, &mut q] {
             c.spec.cancel = true;
         }
         let commands = [running, being_cancelled, other_attempt, q, not_asked];
@@ -382,10 +313,7 @@ mod tests {
     #[test]
     fn the_run_carries_the_spec() {
         let mut c = queued("a", 7);
-        c.spec.env = vec![hangar_crds::EnvVar {
-            name: "A".into(),
-            value: "b".into(),
-        }];
+        c.spec.env = vec![hangar_crds::EnvVar { name: "A".into(), value: "b".into() }];
         c.spec.working_dir = Some("/tmp".into());
         c.spec.timeout_seconds = 0;
         assert_eq!(
@@ -399,24 +327,11 @@ mod tests {
             }
         );
         let t = now();
-        assert_eq!(
-            patch(&running(2, t.clone())),
-            json!({"phase": "running", "attempt": 2, "startedAt": t})
-        );
+        assert_eq!(patch(&running(2, t.clone())), json!({"phase": "running", "attempt": 2, "startedAt": t}));
     }
 
-    fn exited(
-        id: u32,
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-        ended_by: EndedBy,
-    ) -> FromSupervisor {
-        FromSupervisor::Exited {
-            id,
-            exit_code,
-            signal,
-            ended_by,
-        }
+    fn exited(id: u32, exit_code: Option<i32>, signal: Option<i32>, ended_by: EndedBy) -> FromSupervisor {
+        FromSupervisor::Exited { id, exit_code, signal, ended_by }
     }
 
     #[test]
@@ -428,32 +343,20 @@ mod tests {
         };
         assert_eq!(
             status(exited(1, Some(3), None, EndedBy::Itself)),
-            (
-                1,
-                json!({"phase": "exited", "exitCode": 3, "finishedAt": t, "outputBytes": 5})
-            )
+            (1, json!({"phase": "exited", "exitCode": 3, "finishedAt": t, "outputBytes": 5}))
         );
         assert_eq!(
             status(exited(2, None, Some(9), EndedBy::Itself)),
-            (
-                2,
-                json!({"phase": "exited", "reason": "ended by signal 9", "finishedAt": t, "outputBytes": 5})
-            ),
+            (2, json!({"phase": "exited", "reason": "ended by signal 9", "finishedAt": t, "outputBytes": 5})),
             "a process killed by someone else still exited by itself as far as we asked"
         );
         assert_eq!(
             status(exited(3, None, Some(15), EndedBy::Timeout)),
-            (
-                3,
-                json!({"phase": "timed_out", "reason": "ran past timeoutSeconds", "finishedAt": t, "outputBytes": 5})
-            )
+            (3, json!({"phase": "timed_out", "reason": "ran past timeoutSeconds", "finishedAt": t, "outputBytes": 5}))
         );
         assert_eq!(
             status(exited(4, Some(0), None, EndedBy::Cancel)),
-            (
-                4,
-                json!({"phase": "cancelled", "reason": "cancelled while running", "finishedAt": t, "outputBytes": 5})
-            ),
+            (4, json!({"phase": "cancelled", "reason": "cancelled while running", "finishedAt": t, "outputBytes": 5})),
             "who ended it decides, not the exit code"
         );
         assert_eq!(
@@ -464,61 +367,30 @@ mod tests {
             )
         );
         assert_eq!(
-            status(FromSupervisor::Failed {
-                id: 6,
-                message: "sh: not found".into()
-            }),
+            status(FromSupervisor::Failed { id: 6, message: "sh: not found".into() }),
             (
                 6,
                 json!({"phase": "exited", "exitCode": 127, "reason": "cannot start: sh: not found", "finishedAt": t, "outputBytes": 5})
             )
         );
-        for by in [
-            EndedBy::Itself,
-            EndedBy::Timeout,
-            EndedBy::Cancel,
-            EndedBy::KillAll,
-        ] {
+        for by in [EndedBy::Itself, EndedBy::Timeout, EndedBy::Cancel, EndedBy::KillAll] {
             assert!(ended(by, Some(0), None).phase.is_final());
         }
         for no_change in [
             FromSupervisor::Started { id: 1, pid: 42 },
-            FromSupervisor::Output {
-                id: 1,
-                stream: OutputStream::Stdout,
-                offset: 0,
-                data_b64: String::new(),
-            },
-            FromSupervisor::AgentExited {
-                exit_code: Some(0),
-                signal: None,
-            },
+            FromSupervisor::Output { id: 1, stream: OutputStream::Stdout, offset: 0, data_b64: String::new() },
+            FromSupervisor::AgentExited { exit_code: Some(0), signal: None },
         ] {
             assert_eq!(ending(&no_change), None, "{no_change:?}");
         }
     }
 
     fn hello(boot: &str, known: &[u32]) -> Hello {
-        Hello {
-            boot: boot.into(),
-            known: known.to_vec(),
-        }
+        Hello { boot: boot.into(), known: known.to_vec() }
     }
 
-    fn recovery(
-        c: &Command,
-        hello: &Hello,
-        pausing: bool,
-        journal: &HashMap<u32, &str>,
-    ) -> Option<Recovery> {
-        let steps = after_hello(
-            [c],
-            2,
-            hello,
-            pausing,
-            |n| journal.get(&n).map(|b| b.to_string()),
-            &now(),
-        );
+    fn recovery(c: &Command, hello: &Hello, pausing: bool, journal: &HashMap<u32, &str>) -> Option<Recovery> {
+        let steps = after_hello([c], 2, hello, pausing, |n| journal.get(&n).map(|b| b.to_string()), &now());
         assert!(steps.len() <= 1);
         steps.into_iter().next().map(|(_, _, r)| r)
     }
@@ -536,15 +408,9 @@ mod tests {
     fn a_hello_that_knows_a_journalled_command_keeps_it_running() {
         let c = cmd("a", Some(1), CommandPhase::Running, Some(2));
         let journal = HashMap::from([(1, "boot-1")]);
-        assert_eq!(
-            recovery(&c, &hello("boot-1", &[1]), false, &journal),
-            Some(Recovery::Keep)
-        );
+        assert_eq!(recovery(&c, &hello("boot-1", &[1]), false, &journal), Some(Recovery::Keep));
         let cancelling = cmd("b", Some(1), CommandPhase::Cancelling, Some(2));
-        assert_eq!(
-            recovery(&cancelling, &hello("boot-1", &[1]), true, &journal),
-            Some(Recovery::Keep)
-        );
+        assert_eq!(recovery(&cancelling, &hello("boot-1", &[1]), true, &journal), Some(Recovery::Keep));
     }
 
     #[test]
@@ -564,18 +430,11 @@ mod tests {
     fn a_command_the_supervisor_never_got_is_handed_over_or_killed_at_pause() {
         let c = cmd("a", Some(1), CommandPhase::Running, Some(2));
         let none = HashMap::new();
-        assert_eq!(
-            recovery(&c, &hello("boot-1", &[]), false, &none),
-            Some(Recovery::HandOver),
-            "never journalled"
-        );
+        assert_eq!(recovery(&c, &hello("boot-1", &[]), false, &none), Some(Recovery::HandOver), "never journalled");
         // Journalled for this very boot, yet unknown to it: the Run never
         // arrived.
         let same_boot = HashMap::from([(1, "boot-1")]);
-        assert_eq!(
-            recovery(&c, &hello("boot-1", &[2]), false, &same_boot),
-            Some(Recovery::HandOver)
-        );
+        assert_eq!(recovery(&c, &hello("boot-1", &[2]), false, &same_boot), Some(Recovery::HandOver));
         assert_eq!(
             recovery(&c, &hello("boot-1", &[]), true, &none),
             Some(Recovery::Settle(Box::new(CommandStatus {
@@ -613,23 +472,15 @@ mod tests {
             cmd("c", Some(3), CommandPhase::OutcomeUnknown, Some(1)),
             cmd("d", None, CommandPhase::Running, Some(2)),
         ] {
-            assert_eq!(
-                recovery(&c, &h, false, &journal),
-                None,
-                "{}",
-                c.metadata.name.as_deref().unwrap_or_default()
-            );
+            assert_eq!(recovery(&c, &h, false, &journal), None, "{}", c.metadata.name.as_deref().unwrap_or_default());
         }
     }
 
     #[test]
     fn an_outcome_unknown_patch_leaves_the_output_bytes_alone() {
-        let Some(Recovery::Settle(status)) = recovery(
-            &cmd("a", Some(1), CommandPhase::Running, Some(1)),
-            &hello("b", &[]),
-            false,
-            &HashMap::new(),
-        ) else {
+        let Some(Recovery::Settle(status)) =
+            recovery(&cmd("a", Some(1), CommandPhase::Running, Some(1)), &hello("b", &[]), false, &HashMap::new())
+        else {
             panic!("settled")
         };
         assert_eq!(
