@@ -5,28 +5,11 @@
 use hangar_crds::{ErrorCode, Sandbox};
 
 use crate::commands::limits::{self, Counts};
+pub use crate::refusal::Refusal;
 
-/// A refusal: the contract's code and why. The message the client sees
-/// starts with the code.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub code: ErrorCode,
-    pub text: String,
-}
-
-impl Refusal {
-    pub fn new(code: ErrorCode, text: impl Into<String>) -> Self {
-        Self { code, text: text.into() }
-    }
-
-    pub fn message(&self) -> String {
-        self.code.message(&self.text)
-    }
-}
-
-/// A new Command for session `name`: the session must exist and not have
-/// ended, and the session's limits must hold with one more command.
-pub fn command_create(namespace: &str, name: &str, sandbox: Option<&Sandbox>, counts: Counts) -> Result<(), Refusal> {
+/// Whether session `name` takes commands at all: it exists and has not
+/// ended (a paused session queues them).
+pub fn session_takes_commands(namespace: &str, name: &str, sandbox: Option<&Sandbox>) -> Result<(), Refusal> {
     let Some(sandbox) = sandbox else {
         return Err(Refusal::new(ErrorCode::SandboxNotFound, format!("no Sandbox {name} in namespace {namespace}")));
     };
@@ -36,6 +19,13 @@ pub fn command_create(namespace: &str, name: &str, sandbox: Option<&Sandbox>, co
             format!("session {name} has ended; it takes no more commands"),
         ));
     }
+    Ok(())
+}
+
+/// A new Command for session `name`: the session takes commands, and its
+/// limits hold with one more.
+pub fn command_create(namespace: &str, name: &str, sandbox: Option<&Sandbox>, counts: Counts) -> Result<(), Refusal> {
+    session_takes_commands(namespace, name, sandbox)?;
     limits::room_for_one_more(name, counts)
 }
 

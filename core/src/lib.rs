@@ -9,11 +9,13 @@
 //!   (`limits`)
 //! - `admission`: the decisions the admission webhook serves, with the
 //!   contract's error codes
+//! - `refusal`: a refusal and its contract error code
 //! - `idle`, `hard_stop`, `retention`: the session's clocks
 
 pub mod admission;
 pub mod commands;
 pub mod hard_stop;
 pub mod idle;
+pub mod refusal;
 pub mod retention;
 pub mod session;

@@ -95,9 +95,11 @@ pub async fn send(
     req: &NewCommand,
     key: Option<&str>,
 ) -> Result<(Command, bool), ApiError> {
-    if sandbox.has_ended() {
-        return Err(ApiError::new(ErrorCode::SandboxEnded, "the session has ended; it takes no more commands"));
-    }
+    // The webhook decides again at the create; answering here first keeps
+    // an ended session from costing an apiserver round trip.
+    let (namespace, name) = (sandbox.namespace().unwrap_or_default(), sandbox.name_any());
+    hangar_core::admission::session_takes_commands(&namespace, &name, Some(sandbox))
+        .map_err(|r| ApiError::new(r.code, r.text))?;
     let session_id = sandbox.uid().unwrap_or_default();
     let named = key.map(|k| name_for_key(&session_id, k));
     let wanted_name = named.as_ref().map(|(n, _)| n.clone());

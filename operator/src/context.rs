@@ -28,7 +28,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failed reconciles per `namespace/name`, for backoff.
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
-    pub numbering: crate::commands::NumberingState,
+    pub numbering: crate::numbering_state::NumberingState,
     /// (session, attempt) whose output key is settled (sealed, or an ended
     /// attempt that never made one): no need to look again.
     pub sealed_output_keys: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,

@@ -1,10 +1,15 @@
 //! hangar-operator: runs each Sandbox session on a dedicated arm64 EC2 node.
 //!
-//! - `lifecycle/`: the Sandbox controller (phase machine, reconcile pipeline)
+//! - `lifecycle/`: the Sandbox controller (the reconcile pipeline around
+//!   `hangar_core::session::phase_machine`); `sandbox_status`: its status
+//!   write (server-side apply)
 //! - `ec2/`: the node provider (launch, stop, start, terminate, volumes,
-//!   the batched instance watcher, the orphan sweep, user data)
+//!   the batched instance watcher, user data), configured by its own
+//!   `Ec2Settings`; `orphan_sweep`: instances and volumes whose session
+//!   is gone
 //! - `node/`: node labels and taint, the agent Pod
-//! - `commands/`: the Command controller (numbering, cancel of queued ones)
+//! - `commands/`: the Command controller (numbering, cancel of queued ones);
+//!   `numbering_state`: what it remembers between reconciles
 //! - `keys`: session keys sealed under the organisation key
 //! - `output_keys`: sealing the output keys workers hand in
 //! - `output_retention`: destroying them `outputRetentionDays` after the end
@@ -19,6 +24,9 @@ pub mod keys;
 pub mod lifecycle;
 pub mod metrics;
 pub mod node;
+pub mod numbering_state;
+pub mod orphan_sweep;
 pub mod output_keys;
 pub mod output_retention;
+pub mod sandbox_status;
 pub mod settings;

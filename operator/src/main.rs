@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use hangar_operator::context::Context;
-use hangar_operator::ec2::Ec2;
 use hangar_operator::ec2::watcher::InstanceWatcher;
+use hangar_operator::ec2::{Ec2, Ec2Settings};
 use hangar_operator::keys::{OrgKey, b64};
+use hangar_operator::lifecycle;
 use hangar_operator::metrics::Metrics;
 use hangar_operator::settings::Settings;
-use hangar_operator::{ec2, lifecycle};
 use hangar_runtime::admin::{self, Readiness};
 use hangar_runtime::leader::{Leadership, LeaseSettings};
 use hangar_runtime::retry::until_ok;
@@ -44,7 +44,16 @@ async fn main() -> ExitCode {
 
 async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
-    let ec2 = Ec2::new(settings.clone()).await;
+    let ec2 = Ec2::new(Ec2Settings {
+        region: settings.aws_region.clone(),
+        endpoint: settings.ec2_endpoint.clone(),
+        cluster_name: settings.cluster_name.clone(),
+        ami_id: settings.ami_id.clone(),
+        security_groups: settings.security_groups.clone(),
+        volume_gib: settings.volume_gib,
+        placements: settings.placements(),
+    })
+    .await;
     let metrics = Arc::new(Metrics::default());
     let mut registry = Registry::with_prefix("hangar");
     metrics.register(&mut registry, &ec2.calls);
@@ -145,7 +154,7 @@ async fn sweep_loop(ec2: Ec2, client: kube::Client, system_namespace: String, ev
             Ok(erased) => tracing::info!(?erased, "output retention sweep"),
             Err(e) => tracing::warn!(error = %e, "output retention sweep failed"),
         }
-        match ec2::orphans::sweep(&ec2, &client).await {
+        match hangar_operator::orphan_sweep::sweep(&ec2, &client).await {
             Ok(s) if s.instances.is_empty() && s.volumes.is_empty() => {}
             Ok(s) => tracing::info!(instances = ?s.instances, volumes = ?s.volumes, "orphan sweep"),
             Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),

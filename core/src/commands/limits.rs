@@ -4,7 +4,7 @@
 use hangar_crds::ErrorCode;
 pub use hangar_crds::command::{MAX_PER_SESSION, MAX_RUNNING, MAX_UNFINISHED};
 
-use crate::admission::Refusal;
+use crate::refusal::Refusal;
 
 /// How many commands a session has had admitted, and how many of them have
 /// finished.

@@ -7,8 +7,8 @@
 //! worker starts a queued command the same way, so a command is either
 //! cancelled before it starts or started before it is cancelled, never both.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -26,29 +26,6 @@ use hangar_runtime::kube_ext::{Swap, swap_status};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-
-/// Per session: numbering runs one at a time; uids numbered by this process
-/// are remembered so a reconcile of a command whose cached copy predates its
-/// number does not list the session again.
-#[derive(Default)]
-pub struct NumberingState {
-    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    numbered: Mutex<HashSet<String>>,
-}
-
-impl NumberingState {
-    fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_owned()).or_default().clone()
-    }
-
-    fn is_numbered(&self, uid: &str) -> bool {
-        self.numbered.lock().unwrap_or_else(|p| p.into_inner()).contains(uid)
-    }
-
-    fn mark(&self, uid: String) {
-        self.numbered.lock().unwrap_or_else(|p| p.into_inner()).insert(uid);
-    }
-}
 
 pub async fn run(ctx: Arc<Context>) {
     let commands: Api<Command> = match ctx.settings.watch_namespaces.as_slice() {

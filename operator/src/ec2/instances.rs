@@ -120,7 +120,7 @@ impl Ec2 {
     /// and kept current); capacity errors move on to the next instance type,
     /// then the next zone; configuration errors stop at once.
     pub async fn launch(&self, req: &LaunchRequest<'_>) -> Result<InstanceView, Ec2Error> {
-        let placements = self.settings.placements();
+        let placements = self.settings.placements.clone();
         let mut last: Option<Ec2Error> = None;
         let mut index = 0;
         for (zone, subnet) in &placements {

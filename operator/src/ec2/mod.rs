@@ -5,7 +5,6 @@
 
 pub mod error;
 pub mod instances;
-pub mod orphans;
 pub mod tags;
 pub mod user_data;
 pub mod volumes;
@@ -19,8 +18,6 @@ use aws_sdk_ec2::error::ProvideErrorMetadata;
 
 pub use error::{Ec2Error, Ec2ErrorKind};
 
-use crate::settings::Settings;
-
 /// Counts of EC2 calls, for /metrics and the benchmark.
 #[derive(Default, Debug)]
 pub struct CallCounts {
@@ -30,10 +27,26 @@ pub struct CallCounts {
     pub throttled: Counter,
 }
 
+/// What the EC2 provider needs to know, and nothing else of the operator's
+/// settings.
+#[derive(Clone, Debug)]
+pub struct Ec2Settings {
+    pub region: String,
+    /// Endpoint override (moto in local runs).
+    pub endpoint: Option<String>,
+    /// Tagged on everything launched; what the describes filter by.
+    pub cluster_name: String,
+    pub ami_id: String,
+    pub security_groups: Vec<String>,
+    pub volume_gib: i32,
+    /// (zone, subnet) in the order launches try them.
+    pub placements: Vec<(String, Option<String>)>,
+}
+
 #[derive(Clone)]
 pub struct Ec2 {
     pub(crate) client: aws_sdk_ec2::Client,
-    pub(crate) settings: Arc<Settings>,
+    pub(crate) settings: Arc<Ec2Settings>,
     pub calls: Arc<CallCounts>,
 }
 
@@ -47,9 +60,10 @@ pub(crate) enum CallKind {
 const MAX_THROTTLE_RETRIES: u32 = 8;
 
 impl Ec2 {
-    pub async fn new(settings: Arc<Settings>) -> Self {
+    pub async fn new(settings: Ec2Settings) -> Self {
+        let settings = Arc::new(settings);
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new(settings.aws_region.clone()))
+            .region(aws_config::Region::new(settings.region.clone()))
             // Our own loop retries throttling (typed, counted, jittered); the
             // SDK's would hide it.
             .retry_config(aws_config::retry::RetryConfig::disabled())
@@ -59,7 +73,7 @@ impl Ec2 {
                     .connect_timeout(Duration::from_secs(5))
                     .build(),
             );
-        if let Some(endpoint) = &settings.ec2_endpoint {
+        if let Some(endpoint) = &settings.endpoint {
             loader = loader.endpoint_url(endpoint);
         }
         let config = loader.load().await;

@@ -25,8 +25,6 @@ use crate::settings::shape_of;
 use hangar_core::session::ending::StopReason;
 use hangar_core::session::phase_machine::{self as phase, Action};
 
-pub const FIELD_MANAGER: &str = "hangar-operator";
-
 pub struct Session<'a> {
     pub sandbox: &'a Sandbox,
     pub session_id: &'a str,

@@ -27,7 +27,8 @@ use tracing::{Instrument, info_span, warn};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL, instance_of_provider_id};
-use actions::{FIELD_MANAGER, Session};
+use crate::sandbox_status::write_status;
+use actions::Session;
 use hangar_core::session::phase_machine as phase;
 
 pub const FINALIZER: &str = "hangar.dev/session";
@@ -281,12 +282,6 @@ async fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, typ
     if let Err(e) = ctx.recorder.publish(&ev, &sandbox.object_ref(&())).await {
         warn!(error = %e, "could not record event");
     }
-}
-
-pub async fn write_status(api: &Api<Sandbox>, name: &str, status: &SandboxStatus) -> Result<()> {
-    let patch = json!({"apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox", "status": status});
-    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
 }
 
 async fn ensure_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<()> {

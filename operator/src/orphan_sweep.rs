@@ -7,7 +7,7 @@ use hangar_crds::Sandbox;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use super::Ec2;
+use crate::ec2::Ec2;
 use crate::error::Result;
 
 #[derive(Debug, Default, PartialEq, Eq)]
