@@ -20,13 +20,14 @@ pub struct Fault {
     pub times: usize,
 }
 
-/// One call the proxy saw: its action, the error injected (if any) and the
-/// request body.
+/// One call the proxy saw: its action, the error injected (if any), the
+/// request body and when it arrived.
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub action: String,
     pub injected: Option<&'static str>,
     pub body: String,
+    pub at: std::time::Instant,
 }
 
 pub struct FaultProxy {
@@ -137,7 +138,7 @@ async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>
                 (f.code, f.status)
             })
     };
-    seen.lock().expect("seen").push(Seen { action, injected: injected.map(|i| i.0), body: text });
+    seen.lock().expect("seen").push(Seen { action, injected: injected.map(|i| i.0), body: text, at: std::time::Instant::now() });
     if let Some((code, status)) = injected {
         let xml = format!(
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the hangar test proxy</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>"

@@ -77,6 +77,10 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
         "two throttled tries, one capacity error, then the fallback"
     );
     assert!(calls[3].body.contains("InstanceType=m6g.large"));
+    // The operator's throttle backoff (100 ms, doubling, jittered): two
+    // throttled tries cost well under a second before the capacity error.
+    let retried_ms = (calls[2].at - calls[0].at).as_millis();
+    eprintln!("figure: first throttled RunInstances → third try: {retried_ms} ms");
     let metrics = f.stack.operator().metrics();
     let throttled: u64 = metrics
         .lines()

@@ -64,8 +64,12 @@ impl Ec2 {
         let settings = Arc::new(settings);
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .region(aws_config::Region::new(settings.region.clone()))
-            // Our own loop retries throttling (typed, counted, jittered); the
-            // SDK's would hide it.
+            // Our own loop retries throttling only (typed, counted,
+            // jittered). The SDK's standard retry also retries
+            // InsufficientInstanceCapacity (HTTP 500) on the same type: under
+            // the fault proxy it launched the capacity-starved type on its
+            // second try instead of falling back, and took 8–13 s where ours
+            // took 5 s (docs/benchmarks.md).
             .retry_config(aws_config::retry::RetryConfig::disabled())
             .timeout_config(
                 aws_config::timeout::TimeoutConfig::builder()
