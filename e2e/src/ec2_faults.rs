@@ -138,7 +138,12 @@ async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>
                 (f.code, f.status)
             })
     };
-    seen.lock().expect("seen").push(Seen { action, injected: injected.map(|i| i.0), body: text, at: std::time::Instant::now() });
+    seen.lock().expect("seen").push(Seen {
+        action,
+        injected: injected.map(|i| i.0),
+        body: text,
+        at: std::time::Instant::now(),
+    });
     if let Some((code, status)) = injected {
         let xml = format!(
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the hangar test proxy</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>"
