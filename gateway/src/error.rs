@@ -36,6 +36,14 @@ pub fn code_in(message: &str) -> Option<ErrorCode> {
         .map(|(_, c)| c)
 }
 
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let status =
+            axum::http::StatusCode::from_u16(self.status).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
 impl From<kube::Error> for ApiError {
     fn from(e: kube::Error) -> Self {
         match &e {

@@ -4,19 +4,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use base64::Engine;
-use bytes::Bytes;
 use hangar_crds::{Command, ErrorCode, Sandbox};
-use hangar_runtime::https::{Body, RequestBody};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Method, Request, Response, StatusCode};
+use hangar_runtime::https::RequestBody;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
+use tower::ServiceExt;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Caller};
 use crate::error::ApiError;
 use crate::index::Index;
 use crate::output::OutputReader;
@@ -38,98 +45,102 @@ pub struct Gateway {
     pub http: hangar_runtime::admin::HttpMetrics,
 }
 
-type Reply = Result<(StatusCode, Value), ApiError>;
+type Reply = Result<(StatusCode, Json<Value>), ApiError>;
 
-pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Body> {
+fn ok(status: StatusCode, body: Value) -> Reply {
+    Ok((status, Json(body)))
+}
+
+/// The route table. Unknown routes and methods answer 400 `bad_request`
+/// in the contract's error shape.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"ok": true})) }))
+        .route("/v1/sandboxes/{id}", get(state))
+        .route("/v1/sandboxes/{id}/attach", get(attach))
+        .route("/v1/sandboxes/{id}/commands", get(list_commands).post(send_command))
+        .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output))
+        .route("/v1/sandboxes/{id}/commands/{cid}/cancel", post(cancel))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_route)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(gw)
+}
+
+/// Serves one request through `router`, logged and counted.
+pub async fn handle(gw: Arc<Gateway>, router: Router, req: Request<RequestBody>) -> Response<axum::body::Body> {
     let started = std::time::Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-    let reply = route(&gw, req).await;
-    let (status, body) = match reply {
-        Ok(ok) => ok,
-        Err(e) => (StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), e.body()),
+    let response = match router.oneshot(req.map(axum::body::Body::new)).await {
+        Ok(r) => r,
+        Err(never) => match never {},
     };
-    tracing::info!(%method, %path, status = status.as_u16(), ms = started.elapsed().as_millis() as u64, "request");
-    gw.http.observe(method.as_str(), status.as_u16(), started.elapsed());
-    let mut r = Response::new(Full::new(Bytes::from(serde_json::to_vec(&body).expect("json"))));
-    *r.status_mut() = status;
-    r.headers_mut().insert(hyper::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    r
+    let status = response.status().as_u16();
+    tracing::info!(%method, %path, status, ms = started.elapsed().as_millis() as u64, "request");
+    gw.http.observe(method.as_str(), status, started.elapsed());
+    response
 }
 
-async fn route(gw: &Gateway, req: Request<RequestBody>) -> Reply {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let query = req.uri().query().unwrap_or("").to_owned();
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let authorization = header("authorization");
-    let idempotency_key = header("idempotency-key");
-    if method == Method::GET && path == "/healthz" {
-        return Ok((StatusCode::OK, json!({"ok": true})));
-    }
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest = match segments.as_slice() {
-        ["v1", "sandboxes", id, rest @ ..] => (*id, rest.to_vec()),
-        _ => return Err(ApiError::new(ErrorCode::BadRequest, format!("no route {method} {path}"))),
-    };
-    let caller = gw.auth.authenticate(authorization.as_deref()).await?;
-    let (id, rest) = rest;
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, format!("no route {method} {}", uri.path()))
+}
+
+/// The caller (authenticated first: an unknown caller learns nothing of
+/// which sessions exist) and the session it names.
+async fn caller_and_session(gw: &Gateway, headers: &HeaderMap, id: &str) -> Result<(Caller, Arc<Sandbox>), ApiError> {
+    let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let caller = gw.auth.authenticate(authorization).await?;
     let session =
         gw.index.session(id).ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no session {id}")))?;
-    let ns = session.namespace().unwrap_or_default();
-    match (method.clone(), rest.as_slice()) {
-        (Method::GET, []) => {
-            gw.auth.authorize(&caller, &ns, "get", "sandboxes").await?;
-            Ok((StatusCode::OK, views::session(&session)))
-        }
-        (Method::GET, ["attach"]) => {
-            gw.auth.authorize(&caller, &ns, "get", "sandboxes").await?;
-            attach(gw, &session).await
-        }
-        (Method::GET, ["commands"]) => {
-            gw.auth.authorize(&caller, &ns, "list", "commands").await?;
-            let list: Vec<Value> = gw.index.commands_of(&session).iter().map(|c| views::command(c, None)).collect();
-            Ok((StatusCode::OK, json!({"commands": list})))
-        }
-        (Method::POST, ["commands"]) => {
-            gw.auth.authorize(&caller, &ns, "create", "commands").await?;
-            let body = read_body(req).await?;
-            let new = commands::parse(&body)?;
-            let api: Api<Command> = Api::namespaced(gw.client.clone(), &ns);
-            let (c, replayed) = commands::send(&api, &session, &new, idempotency_key.as_deref()).await?;
-            let status = if replayed { StatusCode::OK } else { StatusCode::CREATED };
-            Ok((status, views::command(&c, None)))
-        }
-        (Method::GET, ["commands", cid, "output"]) => {
-            gw.auth.authorize(&caller, &ns, "get", "commands").await?;
-            let after = query_param(&query, "after")
-                .map(|a| {
-                    a.parse::<u64>().map_err(|_| ApiError::new(ErrorCode::BadRequest, "after must be a byte offset"))
-                })
-                .transpose()?
-                .unwrap_or(0);
-            output(gw, &session, cid, after).await
-        }
-        (Method::POST, ["commands", cid, "cancel"]) => {
-            gw.auth.authorize(&caller, &ns, "patch", "commands").await?;
-            command_of(gw, &session, cid).await?;
-            let api: Api<Command> = Api::namespaced(gw.client.clone(), &ns);
-            let c = commands::cancel(&api, cid).await?;
-            Ok((StatusCode::OK, views::command(&c, None)))
-        }
-        _ => Err(ApiError::new(ErrorCode::BadRequest, format!("no route {method} {path}"))),
-    }
+    Ok((caller, session))
 }
 
-async fn read_body(req: Request<RequestBody>) -> Result<Bytes, ApiError> {
-    Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body: {e}")))
+/// Authenticates, finds the session and authorises `verb` on `resource` in
+/// its namespace.
+async fn authorised(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    id: &str,
+    verb: &str,
+    resource: &str,
+) -> Result<Arc<Sandbox>, ApiError> {
+    let (caller, session) = caller_and_session(gw, headers, id).await?;
+    gw.auth.authorize(&caller, &session.namespace().unwrap_or_default(), verb, resource).await?;
+    Ok(session)
 }
 
-fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
-    query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+async fn state(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers: HeaderMap) -> Reply {
+    let session = authorised(&gw, &headers, &id, "get", "sandboxes").await?;
+    ok(StatusCode::OK, views::session(&session))
+}
+
+async fn list_commands(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers: HeaderMap) -> Reply {
+    let session = authorised(&gw, &headers, &id, "list", "commands").await?;
+    let list: Vec<Value> = gw.index.commands_of(&session).iter().map(|c| views::command(c, None)).collect();
+    ok(StatusCode::OK, json!({"commands": list}))
+}
+
+async fn send_command(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Reply {
+    let session = authorised(&gw, &headers, &id, "create", "commands").await?;
+    let body = body.map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body: {e}")))?;
+    let new = commands::parse(&body)?;
+    let api: Api<Command> = Api::namespaced(gw.client.clone(), &session.namespace().unwrap_or_default());
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let (c, replayed) = commands::send(&api, &session, &new, key).await?;
+    ok(if replayed { StatusCode::OK } else { StatusCode::CREATED }, views::command(&c, None))
+}
+
+async fn cancel(State(gw): State<Arc<Gateway>>, Path((id, cid)): Path<(String, String)>, headers: HeaderMap) -> Reply {
+    let session = authorised(&gw, &headers, &id, "patch", "commands").await?;
+    command_of(&gw, &session, &cid).await?;
+    let api: Api<Command> = Api::namespaced(gw.client.clone(), &session.namespace().unwrap_or_default());
+    let c = commands::cancel(&api, &cid).await?;
+    ok(StatusCode::OK, views::command(&c, None))
 }
 
 /// A command of this session, from the index or (just created) the API.
@@ -146,7 +157,9 @@ async fn command_of(gw: &Gateway, session: &Sandbox, cid: &str) -> Result<Comman
 
 /// The session's state and each command's status and stored offset; marks
 /// the session attached (for 30 s, for idle purposes).
-async fn attach(gw: &Gateway, session: &Sandbox) -> Reply {
+async fn attach(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers: HeaderMap) -> Reply {
+    let session = authorised(&gw, &headers, &id, "get", "sandboxes").await?;
+    let session = session.as_ref();
     let sid = session.uid().unwrap_or_default();
     if !session.has_ended() {
         let api: Api<Sandbox> = Api::namespaced(gw.client.clone(), &session.namespace().unwrap_or_default());
@@ -163,12 +176,23 @@ async fn attach(gw: &Gateway, session: &Sandbox) -> Reply {
         };
         list.push(views::command(&c, offset));
     }
-    Ok((StatusCode::OK, json!({"session": views::session(session), "commands": list})))
+    ok(StatusCode::OK, json!({"session": views::session(session), "commands": list}))
 }
 
 /// Chunks past `after`, waiting up to the long-poll for new bytes or the
 /// command's end.
-async fn output(gw: &Gateway, session: &Sandbox, cid: &str, after: u64) -> Reply {
+async fn output(
+    State(gw): State<Arc<Gateway>>,
+    Path((id, cid)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Reply {
+    let session = authorised(&gw, &headers, &id, "get", "commands").await?;
+    let after = match query.get("after") {
+        Some(a) => a.parse::<u64>().map_err(|_| ApiError::new(ErrorCode::BadRequest, "after must be a byte offset"))?,
+        None => 0,
+    };
+    let (gw, session, cid) = (gw.as_ref(), session.as_ref(), cid.as_str());
     let sid = session.uid().unwrap_or_default();
     if session.status.as_ref().and_then(|s| s.output_erased_at.as_ref()).is_some() {
         gw.output.forget(&sid);
@@ -185,7 +209,7 @@ async fn output(gw: &Gateway, session: &Sandbox, cid: &str, after: u64) -> Reply
         cmd = command_of(gw, session, cid).await?;
     }
     let Some(number) = cmd.status.as_ref().and_then(|s| s.number) else {
-        return Ok((StatusCode::OK, output_body(&cmd, after, &[], false)));
+        return ok(StatusCode::OK, output_body(&cmd, after, &[], false));
     };
     let wait = deadline.saturating_duration_since(std::time::Instant::now());
     let latest = std::sync::Mutex::new(cmd.clone());
@@ -199,7 +223,7 @@ async fn output(gw: &Gateway, session: &Sandbox, cid: &str, after: u64) -> Reply
         })
         .await?;
     let cmd = latest.into_inner().unwrap_or_else(|p| p.into_inner());
-    Ok((StatusCode::OK, output_body(&cmd, after, &chunks, fin)))
+    ok(StatusCode::OK, output_body(&cmd, after, &chunks, fin))
 }
 
 fn output_body(cmd: &Command, after: u64, chunks: &[hangar_output::Chunk], fin: bool) -> Value {

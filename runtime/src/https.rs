@@ -86,7 +86,7 @@ impl Default for Limits {
 
 /// Serves `handler` on every connection until `shutdown` completes, then
 /// waits (up to the grace) for the connections in flight.
-pub async fn serve<H, F>(
+pub async fn serve<H, F, B>(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     limits: Limits,
@@ -94,7 +94,9 @@ pub async fn serve<H, F>(
     handler: H,
 ) where
     H: Fn(Request<RequestBody>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let acceptor = TlsAcceptor::from(tls);
     let slots = Arc::new(Semaphore::new(limits.max_connections));

@@ -88,7 +88,11 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     readiness.set_ready();
     let limits = hangar_runtime::https::Limits::default();
     let shutdown = hangar_runtime::https::shutdown_signal();
-    hangar_runtime::https::serve(listener, config, limits, shutdown, move |req| routes::handle(gw.clone(), req)).await;
+    let router = routes::router(gw.clone());
+    hangar_runtime::https::serve(listener, config, limits, shutdown, move |req| {
+        routes::handle(gw.clone(), router.clone(), req)
+    })
+    .await;
     Ok(())
 }
 
