@@ -1,0 +1,112 @@
+//! The controller's wiring: which watches wake which Sandbox (its agent
+//! Pod, its Node, its worker's heartbeat Lease, its Commands, and the EC2
+//! instance watcher's changes), and how a failed reconcile is retried.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use hangar_crds::{Command, Sandbox, heartbeat};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::reconcile;
+use crate::context::Context;
+use crate::error::Error;
+use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL, instance_of_provider_id};
+
+/// Runs the controller until the process is asked to stop.
+pub async fn run(
+    ctx: Arc<Context>,
+    node_writer: reflector::store::Writer<Node>,
+    lease_writer: reflector::store::Writer<Lease>,
+    command_writer: reflector::store::Writer<Command>,
+    instance_changes: mpsc::Receiver<ObjectRef<Sandbox>>,
+) {
+    let client = ctx.client.clone();
+    let sandboxes: Api<Sandbox> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(client.clone(), one),
+        _ => Api::all(client.clone()),
+    };
+    let nodes = reflector(node_writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    let leases = reflector(
+        lease_writer,
+        watcher(Api::<Lease>::namespaced(client.clone(), &ctx.settings.system_namespace), watcher::Config::default()),
+    )
+    .default_backoff()
+    .applied_objects();
+    let commands = reflector(command_writer, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    let pods = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
+    )
+    .default_backoff()
+    .applied_objects();
+    let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
+    let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
+    let (serves2, serves3, serves4) = (serves.clone(), serves.clone(), serves.clone());
+    let instances = ctx.instances.clone();
+    // Each mapper notes when its event arrived, for the benchmark's
+    // "last watch event → running" figure.
+    let (m1, m2, m3) = (ctx.clone(), ctx.clone(), ctx.clone());
+
+    Controller::new(sandboxes, watcher::Config::default().any_semantic())
+        .watches_stream(pods, move |pod: Pod| {
+            let ns = pod.namespace()?;
+            let name = pod.labels().get(SESSION_LABEL)?.clone();
+            serves3(&ns).then(|| m3.metrics.triggered(&ns, &name)).map(|_| ObjectRef::new(&name).within(&ns))
+        })
+        .watches_stream(nodes, move |node: Node| {
+            let labels = node.labels();
+            let target =
+                if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
+                    ObjectRef::new(name).within(ns)
+                } else {
+                    // A node that just registered carries no session labels yet:
+                    // map it by its providerID to the instance's Sandbox.
+                    let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
+                    instances.sandbox_of_instance(instance_of_provider_id(provider_id)?)?
+                };
+            let ns = target.namespace.clone()?;
+            serves(&ns).then(|| m1.metrics.triggered(&ns, &target.name)).map(|_| target)
+        })
+        .watches_stream(leases, move |lease: Lease| {
+            let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
+            serves2(ns).then(|| m2.metrics.triggered(ns, name)).map(|_| ObjectRef::new(name).within(ns))
+        })
+        // A command's status moves its session's counts.
+        .watches_stream(commands, move |c: Command| {
+            let ns = c.namespace()?;
+            serves4(&ns).then(|| ObjectRef::new(&c.spec.sandbox).within(&ns))
+        })
+        .reconcile_on(receiver_stream(instance_changes))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+/// The instance watcher's change notifications as a stream of Sandboxes.
+fn receiver_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
+}
+
+/// A failed reconcile (e.g. a reset step EC2 refused) is retried with
+/// exponential backoff per session.
+pub(super) fn error_policy(sandbox: Arc<Sandbox>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.reconcile_errors.inc();
+    let key = format!("{}/{}", sandbox.namespace().unwrap_or_default(), sandbox.name_any());
+    let delay = ctx.backoff(&key);
+    warn!(sandbox = %sandbox.name_any(), %error, ?delay, "reconcile failed; retrying");
+    Requeue::requeue(delay)
+}
