@@ -354,7 +354,7 @@ fn start_supervisor(cfg: &SimConfig, node: &str, volume_id: &str, pod: &Pod) -> 
 /// (`--kill-child` ties the namespace to the `unshare` process the harness
 /// holds, which itself dies with the harness). Needs root; without it the
 /// supervisor runs as a plain child and relies on its own clean-up.
-fn container_command(supervisor: &std::path::Path) -> std::process::Command {
+pub fn container_command(supervisor: &std::path::Path) -> std::process::Command {
     if nix::unistd::geteuid().is_root() {
         let mut cmd = std::process::Command::new("unshare");
         cmd.args(["--pid", "--fork", "--kill-child", "--"]).arg(supervisor);

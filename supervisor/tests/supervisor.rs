@@ -186,3 +186,64 @@ async fn unacknowledged_messages_come_again_and_a_repeated_run_is_ignored() {
         "only command 6's messages (sent after the ack) remain: {m:?}"
     );
 }
+
+/// Pids of live (not zombie) processes whose command line holds `token`.
+fn processes_with(token: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat.rsplit_once(')').and_then(|(_, t)| t.split_whitespace().next()) == Some("Z");
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(token) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Starts a busy command carrying a unique token (`script` gets it as $1),
+/// waits until it runs, ends the supervisor with `signal`, and checks no
+/// process of the command is left.
+async fn commands_end_with_the_supervisor(signal: nix::sys::signal::Signal, script: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sup, socket) = start(dir.path()).await;
+    let (mut lines, mut w, _) = connect(&socket).await;
+    let token = format!("hangar-orphan-check-{}-{signal}", std::process::id());
+    send(&mut w, &run(7, &format!(": {token}; echo started; {script}"), 3600)).await;
+    loop {
+        let line = lines.next_line().await.unwrap().unwrap();
+        if matches!(serde_json::from_str::<Sequenced>(&line).unwrap().msg, FromSupervisor::Output { id: 7, .. }) {
+            break;
+        }
+    }
+    assert!(!processes_with(&token).is_empty(), "the command runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(sup.0.id() as i32), signal).unwrap();
+    let _ = sup.0.wait();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !processes_with(&token).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "commands outlived the supervisor: {:?}",
+            processes_with(&token)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGKILL leaves the supervisor no chance: each command's own process
+/// dies with it (PDEATHSIG). Its descendants are ended by the PID namespace
+/// the supervisor is PID 1 of (a container; the node simulator's
+/// `unshare`), which `e2e/tests/commands.rs` checks.
+#[tokio::test]
+async fn a_killed_supervisor_takes_its_commands_with_it() {
+    commands_end_with_the_supervisor(nix::sys::signal::Signal::SIGKILL, "while :; do sleep 0.05; done").await;
+}
+
+/// SIGTERM (the runtime stopping the container): every process group it
+/// started is killed, children of the command included.
+#[tokio::test]
+async fn a_terminated_supervisor_ends_every_command_and_its_children() {
+    let script = "(while :; do sleep 0.05; done) & while :; do sleep 0.05; done";
+    commands_end_with_the_supervisor(nix::sys::signal::Signal::SIGTERM, script).await;
+}
