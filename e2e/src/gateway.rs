@@ -50,7 +50,9 @@ impl GatewayProcess {
             .env("RUST_LOG", "info");
         let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join("gateway.log"))?;
         // It waits for the operator's organisation key before it listens.
-        wait_until("hangar-gateway listening", &mut process, Duration::from_secs(60), || port_open(port))?;
+        wait_until("hangar-gateway /readyz", &mut process, Duration::from_secs(60), || {
+            port_open(port) && crate::process::http_get(admin_port, "/readyz").is_ok_and(|(s, _)| s == 200)
+        })?;
         Ok(Self { process, port, admin_port })
     }
 }

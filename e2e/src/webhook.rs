@@ -36,7 +36,10 @@ impl WebhookProcess {
             .env("HANGAR_WEBHOOK_TLS_KEY", &cp.pki.serving_key)
             .env("RUST_LOG", "info");
         let mut process = ChildProcess::spawn("hangar-webhook", cmd, &cp.dir().join("webhook.log"))?;
-        wait_until("hangar-webhook listening", &mut process, Duration::from_secs(30), || port_open(port))?;
+        // Ready once its HTTPS listener is bound.
+        wait_until("hangar-webhook /readyz", &mut process, Duration::from_secs(30), || {
+            port_open(port) && crate::process::http_get(admin_port, "/readyz").is_ok_and(|(s, _)| s == 200)
+        })?;
         Ok(Self { process, port, admin_port })
     }
 

@@ -181,12 +181,10 @@ async fn load_org_key(client: &kube::Client, settings: &Settings) -> Result<OrgK
             immutable: Some(true),
             ..Default::default()
         };
-        match secrets.create(&PostParams::default(), &secret).await {
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            other => {
-                other?;
-                tracing::info!(secret = name, "generated the organisation key ({} bytes, not logged)", b64(&key).len());
-            }
+        if hangar_runtime::kube_ext::ignore_already_exists(secrets.create(&PostParams::default(), &secret).await)?
+            .is_some()
+        {
+            tracing::info!(secret = name, "generated the organisation key ({} bytes, not logged)", b64(&key).len());
         }
     }
     let secret = secrets.get(name).await?;

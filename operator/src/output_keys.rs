@@ -63,11 +63,7 @@ pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Res
             }
             tracing::info!(attempt = a, "sealed the attempt's output key under the organisation key");
         }
-        match secrets.delete(&handoff_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        hangar_runtime::kube_ext::ignore_not_found(secrets.delete(&handoff_name, &DeleteParams::default()).await)?;
         ctx.mark_sealed(session_id, a);
     }
     Ok(())

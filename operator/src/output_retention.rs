@@ -23,6 +23,7 @@ use serde_json::json;
 use crate::context::Context;
 use crate::error::Result;
 use hangar_core::retention::{ended_at, erase_after};
+use hangar_runtime::kube_ext::{ignore_already_exists, ignore_not_found};
 
 pub const ERASE_AFTER: &str = "hangar.dev/erase-after";
 
@@ -74,11 +75,8 @@ async fn mark(ctx: &Context, session_id: &str, deadline: Timestamp) -> Result<()
                 type_: Some("Opaque".into()),
                 ..Default::default()
             };
-            match secrets.create(&PostParams::default(), &secret).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-                Err(e) => Err(e.into()),
-            }
+            ignore_already_exists(secrets.create(&PostParams::default(), &secret).await)?;
+            Ok(())
         }
     }
 }
@@ -89,11 +87,7 @@ async fn erase(ctx: &Context, session_id: &str, attempts: i64) -> Result<()> {
     let mut names = vec![output_keys::sealed_secret_name(session_id)];
     names.extend((1..=attempts).map(|a| output_keys::handoff_secret_name(session_id, a)));
     for name in names {
-        match secrets.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        ignore_not_found(secrets.delete(&name, &DeleteParams::default()).await)?;
     }
     Ok(())
 }
@@ -106,12 +100,8 @@ pub async fn sweep(client: &kube::Client, system_namespace: &str) -> Result<Vec<
     let mut erased = Vec::new();
     for s in secrets.list(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items {
         let due = s.annotations().get(ERASE_AFTER).and_then(|v| v.parse::<Timestamp>().ok()).is_some_and(|d| d <= now);
-        if due {
-            match secrets.delete(&s.name_any(), &DeleteParams::default()).await {
-                Ok(_) => erased.push(s.name_any()),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+        if due && ignore_not_found(secrets.delete(&s.name_any(), &DeleteParams::default()).await)?.is_some() {
+            erased.push(s.name_any());
         }
     }
     Ok(erased)

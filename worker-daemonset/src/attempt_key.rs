@@ -75,11 +75,8 @@ pub async fn load_or_create(
         type_: Some("Opaque".into()),
         ..Default::default()
     };
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e.into()),
-    }
+    // One that exists is left alone: workers cannot overwrite keys.
+    hangar_runtime::kube_ext::ignore_already_exists(secrets.create(&PostParams::default(), &secret).await)?;
     Ok(key)
 }
 

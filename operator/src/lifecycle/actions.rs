@@ -13,6 +13,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::observe::Observation;
+use hangar_runtime::kube_ext::{is_already_exists, is_not_found};
+
 use crate::context::Context;
 use crate::ec2::instances::{InstanceView, LaunchRequest};
 use crate::ec2::tags::SessionTags;
@@ -30,14 +32,6 @@ pub struct Session<'a> {
     pub session_id: &'a str,
     pub namespace: &'a str,
     pub name: &'a str,
-}
-
-fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
-
-fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 /// Runs one action. `Err` leaves the rest of the plan for the next reconcile.
@@ -82,7 +76,7 @@ pub async fn execute(
             let pod = agent_pod::build(s.sandbox, s.session_id, &node, &image);
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
             match pods.create(&PostParams::default(), &pod).await {
-                Err(e) if !is_conflict(&e) => Err(e.into()),
+                Err(e) if !is_already_exists(&e) => Err(e.into()),
                 _ => Ok(()),
             }
         }
@@ -171,7 +165,7 @@ async fn ensure_key(ctx: &Context, session_id: &str) -> Result<()> {
     };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
     match secrets.create(&PostParams::default(), &secret).await {
-        Err(e) if !is_conflict(&e) => Err(e.into()),
+        Err(e) if !is_already_exists(&e) => Err(e.into()),
         _ => Ok(()),
     }
 }

@@ -27,7 +27,7 @@ pub(super) async fn remove_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> R
     }
     let finalizers = sandbox.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
     match patch_finalizers(api, sandbox, finalizers).await {
-        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+        Err(Error::Kube(e)) if hangar_runtime::kube_ext::is_not_found(&e) => Ok(()),
         other => other,
     }
 }
