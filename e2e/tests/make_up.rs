@@ -1,6 +1,7 @@
 //! `make up` end to end: the hangar-up binary starts the stack, prints the
 //! KUBECONFIG line, `kubectl get crd` shows the four hangar CRDs, the
-//! examples apply, and Ctrl-C (SIGINT) stops every process it started.
+//! examples apply and their command succeeds, and Ctrl-C (SIGINT) stops
+//! every process it started; a part that dies is reported and stops it.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -91,6 +92,49 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "hangar-up exited with {status}");
+    for pid in pids {
+        assert!(!alive(pid), "child {pid} outlived hangar-up");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// When a part of the stack dies, hangar-up says which (with its log
+/// tail), stops the rest and exits with failure, instead of serving half a
+/// stack.
+#[test]
+fn make_up_reports_a_part_that_dies_and_stops() {
+    let dir = std::env::temp_dir().join(format!("hangar-up-dies-{}", std::process::id()));
+    let up = Command::new(env!("CARGO_BIN_EXE_hangar-up"))
+        .env("HANGAR_UP_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start hangar-up");
+    let mut guard = KillOnDrop(up);
+    let up = &mut guard.0;
+    let stderr = up.stderr.take().unwrap();
+    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    for line in BufReader::new(up.stdout.take().unwrap()).lines() {
+        if line.unwrap().contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    let names = ["etcd", "kube-apiserver", "moto_server", "hangar-webhook", "hangar-operator", "hangar-gateway"];
+    let pids: Vec<i32> = names.iter().flat_map(|name| children_named(up.id() as i32, name)).collect();
+    let webhook = children_named(up.id() as i32, "hangar-webhook")[0];
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(webhook), nix::sys::signal::Signal::SIGKILL).unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = up.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "hangar-up kept running without its webhook");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "a dead part is a failure");
+    let said = said.join().unwrap();
+    assert!(said.contains("hangar-webhook exited"), "names the part that died: {said}");
     for pid in pids {
         assert!(!alive(pid), "child {pid} outlived hangar-up");
     }
