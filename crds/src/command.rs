@@ -115,6 +115,17 @@ pub enum CommandPhase {
 }
 
 impl CommandPhase {
+    pub const ALL: [CommandPhase; 8] = [
+        CommandPhase::Queued,
+        CommandPhase::Running,
+        CommandPhase::Cancelling,
+        CommandPhase::Exited,
+        CommandPhase::Cancelled,
+        CommandPhase::KilledAtPause,
+        CommandPhase::TimedOut,
+        CommandPhase::OutcomeUnknown,
+    ];
+
     pub const FINAL: [CommandPhase; 5] = [
         CommandPhase::Exited,
         CommandPhase::Cancelled,

@@ -313,7 +313,38 @@ pub(crate) fn command(e: &mut SchemaEditor) {
         "!has(oldSelf.number) || (has(self.number) && self.number == oldSelf.number)",
         SandboxRequestInvalid,
         "a command's number never changes",
+    )
+    .rule(
+        "status",
+        &format!(
+            "!has(oldSelf.phase) || (has(self.phase) && {rank}[self.phase] >= {rank}[oldSelf.phase])",
+            rank = command_phase_rank()
+        ),
+        SandboxRequestInvalid,
+        "a command's phase only moves forward (queued, running, cancelling, then a final status)",
     );
+    for field in ["jobId", "sentBy"] {
+        e.rule(
+            "status",
+            &format!("!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"),
+            SandboxRequestInvalid,
+            &format!("a command's {field} is written once"),
+        );
+    }
+}
+
+/// A CEL map from each command phase to its place in the only order a
+/// command may move in: queued, running, cancelling, then any final status.
+fn command_phase_rank() -> String {
+    let rank = |p: crate::CommandPhase| match p {
+        crate::CommandPhase::Queued => 0,
+        crate::CommandPhase::Running => 1,
+        crate::CommandPhase::Cancelling => 2,
+        _ => 3,
+    };
+    let entries: Vec<String> =
+        crate::CommandPhase::ALL.iter().map(|p| format!("'{}': {}", p.as_str(), rank(*p))).collect();
+    format!("{{{}}}", entries.join(", "))
 }
 
 pub(crate) fn session_token(e: &mut SchemaEditor) {

@@ -110,6 +110,21 @@ impl GatewayClient {
     pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
         self.call("GET", path, Some(token), None, &[]).await
     }
+
+    /// Waits (with a deadline) until the gateway knows session `id`: it
+    /// learns sessions from a watch, so one just created can take a moment
+    /// to appear there after the apiserver shows it.
+    pub async fn wait_known(&self, id: &str, token: &str) {
+        let deadline = std::time::Instant::now() + crate::sessions::DEADLINE;
+        loop {
+            let (status, body) = self.get(&format!("/v1/sandboxes/{id}"), token).await;
+            if status != 404 {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the gateway never learned session {id}: {body}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// A ServiceAccount in `namespace` allowed `verbs` on sandboxes and

@@ -107,6 +107,17 @@ async fn timeouts_cancels_and_final_statuses() {
     let renumber = json!({"status": {"number": 9}});
     let err = api.patch_status("ok", &PatchParams::default(), &Patch::Merge(&renumber)).await.unwrap_err();
     assert!(err.to_string().contains("number never changes"), "{err}");
+    let rejob = json!({"status": {"jobId": "another-session/cmd/1"}});
+    let err = api.patch_status("ok", &PatchParams::default(), &Patch::Merge(&rejob)).await.unwrap_err();
+    assert!(err.to_string().contains("jobId is written once"), "{err}");
+    // A running command never goes back to queued (to be run again).
+    cmds::create(&api, &sh("hold", "box", "exec sleep 300")).await;
+    wait_command_phase(stack, &api, "hold", CommandPhase::Running).await;
+    let requeue = json!({"status": {"phase": "queued"}});
+    let err = api.patch_status("hold", &PatchParams::default(), &Patch::Merge(&requeue)).await.unwrap_err();
+    assert!(err.to_string().contains("phase only moves forward"), "{err}");
+    cmds::cancel(&api, "hold").await;
+    wait_command_phase(stack, &api, "hold", CommandPhase::Cancelled).await;
     // Cancel is final, and cancelling an exited command changes nothing.
     cmds::cancel(&api, "ok").await;
     let undo =

@@ -45,6 +45,7 @@ async fn members_drive_commands_and_read_output_through_the_gateway() {
     let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");
     let stranger = member_token(&stack.cp, ns, "stranger", "");
     let base = format!("/v1/sandboxes/{sid}");
+    gw.wait_known(&sid, &member).await;
 
     // Auth.
     let (st, body) = gw.call("GET", &base, None, None, &[]).await;

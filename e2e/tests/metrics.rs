@@ -60,7 +60,9 @@ async fn every_process_serves_parseable_metrics_without_duplicate_series() {
     cmds::create(&commands, &sh("hello", "box", "echo hello")).await;
     wait_command_phase(stack, &commands, "hello", CommandPhase::Exited).await;
     let member = member_token(&stack.cp, ns, "dev", "get,list");
-    let (status, _) = stack.gateway_client().get(&format!("/v1/sandboxes/{}", s.uid().unwrap()), &member).await;
+    let gw = stack.gateway_client();
+    gw.wait_known(&s.uid().unwrap(), &member).await;
+    let (status, _) = gw.get(&format!("/v1/sandboxes/{}", s.uid().unwrap()), &member).await;
     assert_eq!(status, 200);
 
     let operator = parse("operator", &stack.operator().metrics());

@@ -24,13 +24,14 @@ impl Index {
         let (commands, cw) = reflector::store();
         let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
         let c = reflector::reflector(cw, watcher(Api::<Command>::all(client), watcher::Config::default()));
-        tokio::spawn(s.default_backoff().for_each(|_| futures::future::ready(())));
-        tokio::spawn(c.default_backoff().for_each(|_| futures::future::ready(())));
+        tokio::spawn(s.default_backoff().for_each(|r| log_watch_error("Sandbox", r)));
+        tokio::spawn(c.default_backoff().for_each(|r| log_watch_error("Command", r)));
         sandboxes.wait_until_ready().await?;
         commands.wait_until_ready().await?;
         Ok(Self { sandboxes, commands })
     }
 
+    /// The session with id (uid) `id`, if the watch has seen it.
     pub fn session(&self, id: &str) -> Option<Arc<Sandbox>> {
         self.sandboxes.state().into_iter().find(|s| s.metadata.uid.as_deref() == Some(id))
     }
@@ -44,4 +45,13 @@ impl Index {
         list.sort_by_key(|c| (c.status.as_ref().and_then(|s| s.number).unwrap_or(i64::MAX), c.name_any()));
         list
     }
+}
+
+/// A watch that fails is retried with backoff; meanwhile the index may lag,
+/// so say so.
+fn log_watch_error<T>(kind: &'static str, r: Result<T, watcher::Error>) -> futures::future::Ready<()> {
+    if let Err(e) = r {
+        tracing::warn!(kind, error = %e, "watch failed; the index may lag until it is back");
+    }
+    futures::future::ready(())
 }
