@@ -60,6 +60,7 @@ impl OperatorProcess {
             .env("HANGAR_METRICS_ADDR", format!("127.0.0.1:{}", self.metrics_port))
             .env("HANGAR_DESCRIBE_INTERVAL_MS", "300")
             .env("HANGAR_ORPHAN_SWEEP_SECONDS", "2")
+            .env("HANGAR_DEBUG_SAMPLES", "true")
             .env("RUST_LOG", std::env::var("HANGAR_OPERATOR_LOG").unwrap_or_else(|_| "info".into()));
         for (k, v) in &self.extra_env {
             cmd.env(k, v);

@@ -52,10 +52,21 @@ async fn members_drive_commands_and_read_output_through_the_gateway() {
     assert_eq!((st, code(&body)), (401, "token_invalid"));
     let (st, body) = gw.get(&base, "not-a-token").await;
     assert_eq!((st, code(&body)), (401, "token_invalid"));
-    let (st, body) = gw.get(&base, &stranger).await;
+    // A caller who may not read the session gets exactly what a session
+    // that does not exist gets: probing ids reveals nothing.
+    let (st, hidden) = gw.get(&base, &stranger).await;
+    assert_eq!((st, code(&hidden)), (404, "sandbox_not_found"), "{hidden}");
+    let absent_id = "00000000-0000-0000-0000-000000000000";
+    let (st, absent) = gw.get(&format!("/v1/sandboxes/{absent_id}"), &member).await;
+    assert_eq!((st, code(&absent)), (404, "sandbox_not_found"));
+    assert_eq!(hidden.to_string().replace(&sid, absent_id), absent.to_string(), "the same answer");
+    assert!(!hidden.to_string().contains(ns), "no namespace named: {hidden}");
+    // One who can see it but not send to it is forbidden, and told no more.
+    let reader = member_token(&stack.cp, ns, "reader", "get");
+    let (st, body) =
+        gw.call("POST", &format!("{base}/commands"), Some(&reader), Some(&json!({"argv": ["true"]})), &[]).await;
     assert_eq!((st, code(&body)), (403, "forbidden"), "{body}");
-    let (st, body) = gw.get("/v1/sandboxes/00000000-0000-0000-0000-000000000000", &member).await;
-    assert_eq!((st, code(&body)), (404, "sandbox_not_found"));
+    assert!(!body.to_string().contains(ns), "no namespace named: {body}");
 
     // State.
     let (st, body) = gw.get(&base, &member).await;

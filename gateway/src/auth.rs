@@ -122,7 +122,8 @@ impl Auth {
         } else {
             Err(ApiError::new(
                 ErrorCode::Forbidden,
-                format!("{} may not {verb} {resource} in namespace {namespace}", caller.user),
+                // Names neither the namespace nor anything else of the session.
+                format!("you may not {verb} {resource} of this session"),
             ))
         }
     }

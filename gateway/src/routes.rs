@@ -23,7 +23,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::auth::{Auth, Caller};
+use crate::auth::Auth;
 use crate::error::ApiError;
 use crate::index::Index;
 use crate::output::OutputReader;
@@ -85,18 +85,15 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, format!("no route {method} {}", uri.path()))
 }
 
-/// The caller (authenticated first: an unknown caller learns nothing of
-/// which sessions exist) and the session it names.
-async fn caller_and_session(gw: &Gateway, headers: &HeaderMap, id: &str) -> Result<(Caller, Arc<Sandbox>), ApiError> {
-    let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let caller = gw.auth.authenticate(authorization).await?;
-    let session =
-        gw.index.session(id).ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no session {id}")))?;
-    Ok((caller, session))
+fn no_session(id: &str) -> ApiError {
+    ApiError::new(ErrorCode::SandboxNotFound, format!("no session {id}"))
 }
 
-/// Authenticates, finds the session and authorises `verb` on `resource` in
-/// its namespace.
+/// Authenticates (first: an unknown caller learns nothing), finds the
+/// session and authorises `verb` on `resource` in its namespace. A caller
+/// who may not even read the session gets the very answer a session that
+/// does not exist gets, so probing ids reveals nothing; `forbidden` is only
+/// for one who can see the session but not do this to it.
 async fn authorised(
     gw: &Gateway,
     headers: &HeaderMap,
@@ -104,8 +101,17 @@ async fn authorised(
     verb: &str,
     resource: &str,
 ) -> Result<Arc<Sandbox>, ApiError> {
-    let (caller, session) = caller_and_session(gw, headers, id).await?;
-    gw.auth.authorize(&caller, &session.namespace().unwrap_or_default(), verb, resource).await?;
+    let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let caller = gw.auth.authenticate(authorization).await?;
+    let session = gw.index.session(id).ok_or_else(|| no_session(id))?;
+    let ns = session.namespace().unwrap_or_default();
+    match gw.auth.authorize(&caller, &ns, "get", "sandboxes").await {
+        Err(e) if e.code == ErrorCode::Forbidden.as_str() => return Err(no_session(id)),
+        other => other?,
+    }
+    if (verb, resource) != ("get", "sandboxes") {
+        gw.auth.authorize(&caller, &ns, verb, resource).await?;
+    }
     Ok(session)
 }
 

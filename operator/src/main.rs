@@ -61,13 +61,17 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let listener = tokio::net::TcpListener::bind(&settings.metrics_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint");
     let samples = metrics.clone();
-    let debug = axum::Router::new().route(
-        "/debug/samples",
-        axum::routing::get(move || {
-            let samples = samples.samples();
-            async move { axum::Json(samples) }
-        }),
-    );
+    let debug = if settings.debug_samples {
+        axum::Router::new().route(
+            "/debug/samples",
+            axum::routing::get(move || {
+                let samples = samples.samples();
+                async move { axum::Json(samples) }
+            }),
+        )
+    } else {
+        axum::Router::new()
+    };
     tokio::spawn(admin::serve(listener, admin::router(Arc::new(registry), readiness.clone(), debug)));
 
     let mut election = None;

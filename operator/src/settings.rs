@@ -79,6 +79,10 @@ pub struct Settings {
     /// Address of the health and metrics endpoint.
     #[arg(long, env = "HANGAR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: String,
+    /// Serve `/debug/samples` (raw latency samples keyed by session, for the
+    /// benchmark). Off by default: it names every tenant's sessions.
+    #[arg(long, env = "HANGAR_DEBUG_SAMPLES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub debug_samples: bool,
     /// Output store URL (used by later controllers).
     #[arg(long, env = "HANGAR_OUTPUT_STORE")]
     pub output_store: Option<String>,
