@@ -86,6 +86,12 @@ async fn members_drive_commands_and_read_output_through_the_gateway() {
     let other = json!({"argv": ["true"]});
     let (st, body) = gw.call("POST", &format!("{base}/commands"), Some(&member), Some(&other), &key).await;
     assert_eq!((st, code(&body)), (400, "sandbox_request_invalid"));
+    // A key is its caller's own: another member with the same key sends a
+    // command of its own, neither replaying nor revealing the first.
+    let colleague = member_token(&stack.cp, ns, "colleague", "get,list,create,patch");
+    let (st, theirs) = gw.call("POST", &format!("{base}/commands"), Some(&colleague), Some(&other), &key).await;
+    assert_eq!(st, 201, "{theirs}");
+    assert_ne!(theirs["id"].as_str(), Some(cid.as_str()));
     for bad in [
         json!({"argv": ["sh"], "stdin": "ls\n"}),
         json!({"argv": ["bash"], "tty": true}),

@@ -45,9 +45,11 @@ pub fn parse(body: &[u8]) -> Result<NewCommand, ApiError> {
     serde_json::from_value(v).map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
 }
 
-/// The Command name for (session, Idempotency-Key).
-pub fn name_for_key(session_id: &str, key: &str) -> (String, String) {
-    let d = ring::digest::digest(&ring::digest::SHA256, format!("{session_id}\u{0}{key}").as_bytes());
+/// The Command name for (session, caller, Idempotency-Key): a key is the
+/// caller's own, so another caller reusing it (or guessing it) sends a
+/// command of its own instead of replaying, or learning of, someone else's.
+pub fn name_for_key(session_id: &str, caller: &str, key: &str) -> (String, String) {
+    let d = ring::digest::digest(&ring::digest::SHA256, format!("{session_id}\u{0}{caller}\u{0}{key}").as_bytes());
     let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     let key_hex: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
         .as_ref()
@@ -93,6 +95,7 @@ pub async fn send(
     api: &Api<Command>,
     sandbox: &Sandbox,
     req: &NewCommand,
+    caller: &str,
     key: Option<&str>,
 ) -> Result<(Command, bool), ApiError> {
     // The webhook decides again at the create; answering here first keeps
@@ -101,7 +104,7 @@ pub async fn send(
     hangar_core::admission::session_takes_commands(&namespace, &name, Some(sandbox))
         .map_err(|r| ApiError::new(r.code, r.text))?;
     let session_id = sandbox.uid().unwrap_or_default();
-    let named = key.map(|k| name_for_key(&session_id, k));
+    let named = key.map(|k| name_for_key(&session_id, caller, k));
     let wanted_name = named.as_ref().map(|(n, _)| n.clone());
     match api.create(&PostParams::default(), &manifest(sandbox, req, named)).await {
         Ok(c) => Ok((c, false)),
@@ -157,11 +160,12 @@ mod tests {
     }
 
     #[test]
-    fn one_key_one_name_per_session() {
-        let (a, _) = name_for_key("s1", "k");
-        assert_eq!(a, name_for_key("s1", "k").0);
-        assert_ne!(a, name_for_key("s2", "k").0);
-        assert_ne!(a, name_for_key("s1", "k2").0);
+    fn one_key_one_name_per_session_and_caller() {
+        let (a, _) = name_for_key("s1", "alice", "k");
+        assert_eq!(a, name_for_key("s1", "alice", "k").0);
+        assert_ne!(a, name_for_key("s2", "alice", "k").0);
+        assert_ne!(a, name_for_key("s1", "alice", "k2").0);
+        assert_ne!(a, name_for_key("s1", "bob", "k").0, "another caller's key is its own");
         assert!(a.len() <= 63 && a.starts_with("cmd-"));
     }
 }

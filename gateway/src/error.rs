@@ -27,10 +27,14 @@ impl ApiError {
 }
 
 /// The contract code a refusal message carries (CEL rules and the
-/// admission webhook put it first in their part of the message).
+/// admission webhook put it first in their part of the message). The
+/// gateway's own generic codes are never looked for: the apiserver's RBAC
+/// refusals say "is forbidden: User …", which is not a refusal of ours and
+/// must not reach a client.
 pub fn code_in(message: &str) -> Option<ErrorCode> {
     ErrorCode::ALL
         .iter()
+        .filter(|c| !matches!(c, ErrorCode::Forbidden | ErrorCode::BadRequest))
         .filter_map(|c| message.find(&format!("{}: ", c.as_str())).map(|at| (at, *c)))
         .min_by_key(|(at, c)| (*at, usize::MAX - c.as_str().len()))
         .map(|(_, c)| c)
@@ -53,12 +57,21 @@ impl From<kube::Error> for ApiError {
                     let text = ae.message[at..].trim_start_matches(code.as_str()).trim_start_matches(": ");
                     ApiError::new(code, text.to_owned())
                 }
+                // The apiserver's own words name objects, namespaces and
+                // identities: they go to the log, the client gets the code.
                 None if ae.code == 422 || ae.code == 400 => {
-                    ApiError::new(ErrorCode::SandboxRequestInvalid, ae.message.clone())
+                    tracing::info!(error = %ae.message, "request refused by the apiserver");
+                    ApiError::new(ErrorCode::SandboxRequestInvalid, "the request is not valid")
                 }
-                None => ApiError::internal(format!("Kubernetes API: {}", ae.message)),
+                None => {
+                    tracing::warn!(status = ae.code, error = %ae.message, "Kubernetes API");
+                    ApiError::internal("the session API could not complete the request")
+                }
             },
-            _ => ApiError::internal(format!("Kubernetes API: {e}")),
+            _ => {
+                tracing::warn!(error = %e, "Kubernetes API");
+                ApiError::internal("the session API could not complete the request")
+            }
         }
     }
 }
@@ -77,5 +90,25 @@ mod tests {
         let e = ApiError::new(ErrorCode::SandboxOutputErased, "gone");
         assert_eq!(e.status, 410);
         assert_eq!(e.body()["error"]["code"], "sandbox_output_erased");
+    }
+
+    #[test]
+    fn an_apiserver_error_reaches_the_client_as_its_code_and_a_safe_message() {
+        let raw = kube::Error::Api(Box::new(kube::core::Status {
+            code: 403,
+            message: "secrets \"hangar-org-key\" is forbidden: User \"system:serviceaccount:hangar-system:gateway\" cannot get resource".into(),
+            ..Default::default()
+        }));
+        let e = ApiError::from(raw);
+        assert_eq!(e.status, 500);
+        assert!(!e.message.contains("hangar-system") && !e.message.contains("org-key"), "{}", e.message);
+        let invalid = kube::Error::Api(Box::new(kube::core::Status {
+            code: 422,
+            message: "Command.hangar.dev \"x\" is invalid: metadata.name: tenant-b".into(),
+            ..Default::default()
+        }));
+        let e = ApiError::from(invalid);
+        assert_eq!((e.status, e.code), (400, "sandbox_request_invalid"));
+        assert!(!e.message.contains("tenant-b"), "{}", e.message);
     }
 }

@@ -23,7 +23,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Caller};
 use crate::error::ApiError;
 use crate::index::Index;
 use crate::output::OutputReader;
@@ -100,7 +100,7 @@ async fn authorised(
     id: &str,
     verb: &str,
     resource: &str,
-) -> Result<Arc<Sandbox>, ApiError> {
+) -> Result<(Caller, Arc<Sandbox>), ApiError> {
     let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
     let caller = gw.auth.authenticate(authorization).await?;
     let session = gw.index.session(id).ok_or_else(|| no_session(id))?;
@@ -112,16 +112,16 @@ async fn authorised(
     if (verb, resource) != ("get", "sandboxes") {
         gw.auth.authorize(&caller, &ns, verb, resource).await?;
     }
-    Ok(session)
+    Ok((caller, session))
 }
 
 async fn state(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers: HeaderMap) -> Reply {
-    let session = authorised(&gw, &headers, &id, "get", "sandboxes").await?;
+    let (_, session) = authorised(&gw, &headers, &id, "get", "sandboxes").await?;
     ok(StatusCode::OK, views::session(&session))
 }
 
 async fn list_commands(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers: HeaderMap) -> Reply {
-    let session = authorised(&gw, &headers, &id, "list", "commands").await?;
+    let (_, session) = authorised(&gw, &headers, &id, "list", "commands").await?;
     let list: Vec<Value> = gw.index.commands_of(&session).iter().map(|c| views::command(c, None)).collect();
     ok(StatusCode::OK, json!({"commands": list}))
 }
@@ -132,17 +132,17 @@ async fn send_command(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
-    let session = authorised(&gw, &headers, &id, "create", "commands").await?;
+    let (caller, session) = authorised(&gw, &headers, &id, "create", "commands").await?;
     let body = body.map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body: {e}")))?;
     let new = commands::parse(&body)?;
     let api: Api<Command> = Api::namespaced(gw.client.clone(), &session.namespace().unwrap_or_default());
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
-    let (c, replayed) = commands::send(&api, &session, &new, key).await?;
+    let (c, replayed) = commands::send(&api, &session, &new, &caller.user, key).await?;
     ok(if replayed { StatusCode::OK } else { StatusCode::CREATED }, views::command(&c, None))
 }
 
 async fn cancel(State(gw): State<Arc<Gateway>>, Path((id, cid)): Path<(String, String)>, headers: HeaderMap) -> Reply {
-    let session = authorised(&gw, &headers, &id, "patch", "commands").await?;
+    let (_, session) = authorised(&gw, &headers, &id, "patch", "commands").await?;
     command_of(&gw, &session, &cid).await?;
     let api: Api<Command> = Api::namespaced(gw.client.clone(), &session.namespace().unwrap_or_default());
     let c = commands::cancel(&api, &cid).await?;
@@ -164,7 +164,7 @@ async fn command_of(gw: &Gateway, session: &Sandbox, cid: &str) -> Result<Comman
 /// The session's state and each command's status and stored offset; marks
 /// the session attached (for 30 s, for idle purposes).
 async fn attach(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers: HeaderMap) -> Reply {
-    let session = authorised(&gw, &headers, &id, "get", "sandboxes").await?;
+    let (_, session) = authorised(&gw, &headers, &id, "get", "sandboxes").await?;
     let session = session.as_ref();
     let sid = session.uid().unwrap_or_default();
     if !session.has_ended() {
@@ -193,7 +193,7 @@ async fn output(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Reply {
-    let session = authorised(&gw, &headers, &id, "get", "commands").await?;
+    let (_, session) = authorised(&gw, &headers, &id, "get", "commands").await?;
     let after = match query.get("after") {
         Some(a) => a.parse::<u64>().map_err(|_| ApiError::new(ErrorCode::BadRequest, "after must be a byte offset"))?,
         None => 0,
