@@ -116,6 +116,27 @@ fn operator_runs_leader_elected() {
     assert!(grants(leases, "leases"));
 }
 
+/// Every component that talks to the apiserver mounts its own token (the
+/// ServiceAccounts mount none by default): without it the webhook, gateway
+/// and worker could not reach the API in a real cluster.
+#[test]
+fn every_component_that_calls_the_api_mounts_its_own_token() {
+    let docs = render(&[]);
+    for (kind, name) in [
+        ("Deployment", "hangar-operator"),
+        ("Deployment", "hangar-webhook"),
+        ("Deployment", "hangar-gateway"),
+        ("DaemonSet", "hangar-worker"),
+    ] {
+        let workload = find(&docs, kind, name, Some("hangar-system")).unwrap_or_else(|| panic!("{kind} {name}"));
+        let spec = &workload["spec"]["template"]["spec"];
+        assert_eq!(spec["automountServiceAccountToken"].as_bool(), Some(true), "{kind} {name}");
+        let sa = spec["serviceAccountName"].as_str().unwrap();
+        let account = find(&docs, "ServiceAccount", sa, Some("hangar-system")).expect("its ServiceAccount");
+        assert_eq!(account["automountServiceAccountToken"].as_bool(), Some(false), "{sa}: nothing else gets one");
+    }
+}
+
 /// The flags and environment the chart gives the operator are ones the
 /// binary accepts (clap refuses unknown flags and bad values).
 #[test]
