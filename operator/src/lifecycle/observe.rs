@@ -113,7 +113,12 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
         match pods.get_opt(&agent_pod::pod_name(&name)).await? {
             None => AgentState::Absent,
-            Some(p) => agent_state(&p),
+            Some(p) if agent_pod::is_ours(&p, session_id) => agent_state(&p),
+            Some(_) => {
+                // Never adopted: the session waits until the name is free.
+                tracing::warn!(pod = %agent_pod::pod_name(&name), "a Pod hangar did not create holds the agent Pod's name");
+                AgentState::Absent
+            }
         }
     };
 

@@ -23,6 +23,17 @@ pub fn pod_name(sandbox: &str) -> String {
     format!("hangar-agent-{sandbox}")
 }
 
+/// Whether `pod` is the agent Pod this operator made for the session whose
+/// Sandbox has uid `session_id`: its controller is that Sandbox. A Pod
+/// someone else created under the same name is never taken for it.
+pub fn is_ours(pod: &Pod, session_id: &str) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.kind == "Sandbox" && r.uid == session_id)
+}
+
 pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
@@ -120,7 +131,7 @@ spec:
         )
         .unwrap();
         let pod = build(&sandbox, "sess-1", "ip-10-0-0-1", "r/a@sha256:00");
-        let spec = pod.spec.unwrap();
+        let spec = pod.spec.clone().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("ip-10-0-0-1"));
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.tolerations.unwrap()[0].value.as_deref(), Some("sess-1"));
@@ -128,6 +139,11 @@ spec:
         assert_eq!(agent.command.as_deref(), Some(&[SUPERVISOR.to_owned()][..]));
         assert_eq!(agent.args.as_ref().unwrap()[4..], ["--", "python3", "agent.py"]);
         assert_eq!(spec.containers[1].name, "db");
-        assert_eq!(pod.metadata.owner_references.unwrap()[0].uid, "0c5e-uid");
+        assert_eq!(pod.metadata.owner_references.as_ref().unwrap()[0].uid, "0c5e-uid");
+        assert!(is_ours(&pod, "0c5e-uid"));
+        assert!(!is_ours(&pod, "another-session"), "owned by another Sandbox");
+        let mut squatter = pod.clone();
+        squatter.metadata.owner_references = None;
+        assert!(!is_ours(&squatter, "0c5e-uid"), "a Pod created by someone else under the agent's name");
     }
 }
