@@ -237,3 +237,20 @@ fn sweep_dead(base: &Path, prefix: &str) {
         }
     }
 }
+
+/// Pids of live (not zombie) processes whose command line holds `token`:
+/// for tests that check nothing they started is left on the machine.
+pub fn processes_with(token: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return found };
+    for entry in procs.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat.rsplit_once(')').and_then(|(_, t)| t.split_whitespace().next()) == Some("Z");
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(token) {
+            found.push(pid);
+        }
+    }
+    found
+}

@@ -106,3 +106,14 @@ pub async fn wait_for(
 pub async fn wait_phase(stack: &LocalStack, api: &Api<Sandbox>, name: &str, want: Phase) -> Sandbox {
     wait_for(stack, api, name, &format!("{want:?}"), |s| phase(s) == Some(want)).await
 }
+
+/// A running session `box` in mode commands in namespace `ns` (created if
+/// needed); returns its Sandbox and Command APIs and the Sandbox.
+pub async fn running_box(stack: &LocalStack, ns: &str) -> (Api<Sandbox>, Api<hangar_crds::Command>, Sandbox) {
+    let client = stack.cp.client().await.expect("client");
+    ensure_namespace(&client, ns).await;
+    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    boxes.create(&PostParams::default(), &sandbox("box", "commands", json!({}))).await.expect("create box");
+    let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
+    (boxes, Api::namespaced(client, ns), s)
+}

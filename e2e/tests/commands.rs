@@ -17,17 +17,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// A running session in mode commands in namespace `ns`; returns its APIs
-/// and session id.
-async fn session(stack: &LocalStack, ns: &str) -> (Api<Sandbox>, Api<Command>, Sandbox) {
-    let client = stack.cp.client().await.unwrap();
-    ensure_namespace(&client, ns).await;
-    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
-    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
-    let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
-    (boxes, Api::namespaced(client, ns), s)
-}
-
 fn number(c: &Command) -> u32 {
     c.status.as_ref().and_then(|s| s.number).expect("numbered") as u32
 }
@@ -39,7 +28,7 @@ async fn set_state(api: &Api<Sandbox>, state: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_reads_back_exactly_from_any_offset_with_streams_marked() {
     let stack = shared_stack();
-    let (_, api, s) = session(stack, "cmd-output").await;
+    let (_, api, s) = sessions::running_box(stack, "cmd-output").await;
     let sid = s.uid().unwrap();
     // Separate writes, so each chunk is one stream.
     let script = "for i in 1 2 3; do echo out-$i; sleep 0.05; echo err-$i >&2; sleep 0.05; done; printf tail; exit 3";
@@ -82,7 +71,7 @@ async fn output_reads_back_exactly_from_any_offset_with_streams_marked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_cancels_and_final_statuses() {
     let stack = shared_stack();
-    let (_, api, _) = session(stack, "cmd-statuses").await;
+    let (_, api, _) = sessions::running_box(stack, "cmd-statuses").await;
     let mut slow = sh("slow", "box", "echo started; exec sleep 300");
     slow.spec.timeout_seconds = 1;
     cmds::create(&api, &slow).await;
@@ -136,7 +125,7 @@ fn gated(name: &str) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command_never_runs() {
     let stack = shared_stack();
-    let (boxes, api, s) = session(stack, "cmd-limits").await;
+    let (boxes, api, s) = sessions::running_box(stack, "cmd-limits").await;
     let volume = s.status.as_ref().unwrap().volume_id.clone().unwrap();
     let workspace = stack.sim.volume_dir(&volume);
     // 20 created at once.
@@ -203,7 +192,7 @@ async fn sixteen_run_at_once_numbers_have_no_gaps_and_a_cancelled_queued_command
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_kills_running_commands_and_queued_ones_run_after_resume() {
     let stack = shared_stack();
-    let (boxes, api, s) = session(stack, "cmd-pause").await;
+    let (boxes, api, s) = sessions::running_box(stack, "cmd-pause").await;
     let sid = s.uid().unwrap();
     for i in 1..=16 {
         cmds::create(&api, &sh(&format!("r{i:02}"), "box", "echo before-pause; exec sleep 300")).await;
@@ -254,7 +243,7 @@ async fn a_pause_kills_running_commands_and_queued_ones_run_after_resume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_mid_stream_loses_and_repeats_nothing() {
     let stack = shared_stack();
-    let (_, api, s) = session(stack, "cmd-worker-kill").await;
+    let (_, api, s) = sessions::running_box(stack, "cmd-worker-kill").await;
     let sid = s.uid().unwrap();
     let node = s.status.as_ref().unwrap().instance_id.clone().unwrap();
     let script = "i=1; while [ $i -le 300 ]; do echo line-$i; echo err-$i >&2; i=$((i+1)); sleep 0.01; done";
@@ -284,7 +273,7 @@ async fn a_worker_killed_mid_stream_loses_and_repeats_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_running_when_its_container_died_ends_outcome_unknown_and_never_reruns() {
     let stack = shared_stack();
-    let (_, api, s) = session(stack, "cmd-unknown").await;
+    let (_, api, s) = sessions::running_box(stack, "cmd-unknown").await;
     let node = s.status.as_ref().unwrap().instance_id.clone().unwrap();
     let volume = s.status.as_ref().unwrap().volume_id.clone().unwrap();
     cmds::create(&api, &sh("victim", "box", "echo run >> runs; exec sleep 300")).await;
@@ -339,7 +328,7 @@ async fn create_all(stack: &LocalStack, api: &Api<Command>, commands: Vec<Comman
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_65th_unfinished_and_the_248th_command_are_refused() {
     let stack = shared_stack();
-    let (_, api, s) = session(stack, "cmd-admission").await;
+    let (_, api, s) = sessions::running_box(stack, "cmd-admission").await;
     let workspace = stack.sim.volume_dir(s.status.as_ref().unwrap().volume_id.as_ref().unwrap());
     let limit = |e: kube::Error, text: &str| {
         assert!(

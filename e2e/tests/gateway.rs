@@ -6,12 +6,10 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::gateway::member_token;
-use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
+use hangar_e2e::sessions::{self};
 use hangar_e2e::shared_stack;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 fn code(v: &Value) -> &str {
@@ -34,12 +32,8 @@ fn decode(v: &Value) -> Vec<(String, u64, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_drive_commands_and_read_output_through_the_gateway() {
     let stack = shared_stack();
-    let client = stack.cp.client().await.unwrap();
     let ns = "gw-members";
-    ensure_namespace(&client, ns).await;
-    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
-    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
-    let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
+    let (boxes, _, s) = sessions::running_box(stack, ns).await;
     let sid = s.uid().unwrap();
     let gw = stack.gateway_client();
     let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");

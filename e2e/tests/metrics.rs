@@ -5,14 +5,12 @@
 
 use std::collections::HashSet;
 
-use hangar_crds::{CommandPhase, Phase, Sandbox};
+use hangar_crds::CommandPhase;
 use hangar_e2e::commands::{self as cmds, sh, wait_command_phase};
 use hangar_e2e::gateway::member_token;
-use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
+use hangar_e2e::sessions::{self};
 use hangar_e2e::shared_stack;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
-use serde_json::json;
 
 /// Parses `text`, fails on a repeated series, and returns the samples.
 fn parse(who: &str, text: &str) -> Vec<prometheus_parse::Sample> {
@@ -50,13 +48,8 @@ fn total(samples: &[prometheus_parse::Sample], metric: &str, with: &[(&str, &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_serves_parseable_metrics_without_duplicate_series() {
     let stack = shared_stack();
-    let client = stack.cp.client().await.unwrap();
     let ns = "metrics";
-    ensure_namespace(&client, ns).await;
-    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
-    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
-    let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
-    let commands = Api::namespaced(client.clone(), ns);
+    let (_, commands, s) = sessions::running_box(stack, ns).await;
     cmds::create(&commands, &sh("hello", "box", "echo hello")).await;
     wait_command_phase(stack, &commands, "hello", CommandPhase::Exited).await;
     let member = member_token(&stack.cp, ns, "dev", "get,list");

@@ -9,25 +9,10 @@ use std::time::{Duration, Instant};
 
 use hangar_e2e::node_sim::container_command;
 use hangar_e2e::operator::workspace_binary;
-use hangar_e2e::process::{ChildProcess, RunDir};
+use hangar_e2e::process::{ChildProcess, RunDir, processes_with};
 use hangar_supervisor_protocol::ToSupervisor;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-
-/// Pids of live (not zombie) processes whose command line holds `token`.
-fn processes_with(token: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let zombie = stat.rsplit_once(')').and_then(|(_, t)| t.split_whitespace().next()) == Some("Z");
-        if !zombie && String::from_utf8_lossy(&cmdline).contains(token) {
-            found.push(pid);
-        }
-    }
-    found
-}
 
 #[test]
 fn a_container_killed_outright_leaves_no_process_behind() {

@@ -6,16 +6,16 @@
 //! careless log line would use (raw, base64, base64url, hex).
 
 use base64::Engine;
-use hangar_crds::{CommandPhase, Phase, Sandbox};
+use hangar_crds::CommandPhase;
 use hangar_e2e::commands::{self as cmds, sh, wait_command_phase};
 use hangar_e2e::gateway::member_token;
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
-use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
+use hangar_e2e::sessions::{self};
 use hangar_e2e::shared_stack;
 use hangar_output::OrgKey;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use serde_json::json;
 
 fn encodings(secret: &[u8]) -> Vec<String> {
@@ -44,12 +44,8 @@ async fn no_key_or_token_reaches_any_log() {
     let stack = shared_stack();
     let client = stack.cp.client().await.unwrap();
     let ns = "secret-logs";
-    ensure_namespace(&client, ns).await;
-    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
-    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
-    let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
+    let (_, commands, s) = sessions::running_box(stack, ns).await;
     let sid = s.uid().unwrap();
-    let commands = Api::namespaced(client.clone(), ns);
     cmds::create(&commands, &sh("hello", "box", "echo hello")).await;
     wait_command_phase(stack, &commands, "hello", CommandPhase::Exited).await;
     let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");
