@@ -40,6 +40,8 @@ async fn launch_pause_resume_end_on_the_same_instance() {
     let status = s.status.clone().unwrap();
     let instance = status.instance_id.clone().expect("instance id");
     let volume = status.volume_id.clone().expect("volume id");
+    // The simulator names each node after its instance.
+    assert_eq!(status.node_name.as_deref(), Some(instance.as_str()), "a running session names its node");
     assert_eq!(status.attempt, Some(1));
     assert_eq!(status.attempts[0].cause, AttemptCause::Launch);
     assert!(s.finalizers().contains(&"hangar.dev/session".to_owned()));

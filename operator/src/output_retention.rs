@@ -46,7 +46,7 @@ pub async fn enforce(ctx: &Context, sandbox: &Sandbox, status: &SandboxStatus) -
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &sandbox.namespace().unwrap_or_default());
     let mut next = status.clone();
     next.output_erased_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
-    crate::sandbox_status::write_status(&api, &sandbox.name_any(), &next).await?;
+    crate::sandbox_status::write_status(&api, sandbox, &next).await?;
     tracing::info!(session = %session_id, "output retention over: output keys destroyed");
     Ok(None)
 }

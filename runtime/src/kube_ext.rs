@@ -19,7 +19,14 @@ pub fn is_not_found(e: &kube::Error) -> bool {
     status_of(e) == Some(404)
 }
 
+/// A create found the object already there (409).
 pub fn is_already_exists(e: &kube::Error) -> bool {
+    status_of(e) == Some(409)
+}
+
+/// A write whose resourceVersion precondition failed: the object changed
+/// since it was read (409).
+pub fn is_conflict(e: &kube::Error) -> bool {
     status_of(e) == Some(409)
 }
 

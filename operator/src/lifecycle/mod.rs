@@ -93,7 +93,16 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     status.observed_generation = sandbox.metadata.generation;
     status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);
     if status != current {
-        write_status(&api, &name, &status).await?;
+        match write_status(&api, &sandbox, &status).await {
+            // Decided from a copy older than the Sandbox now is (the cache
+            // had not caught up with our own last write): decide again on
+            // the newer one. Every action above is idempotent.
+            Err(Error::Kube(e)) if hangar_runtime::kube_ext::is_conflict(&e) => {
+                tracing::debug!("status decided from a stale copy; reconciling again");
+                return Ok(Requeue::requeue(Duration::from_millis(100)));
+            }
+            other => other?,
+        }
     }
     for (reason, note) in &plan.events {
         publish(&ctx, &sandbox, reason, note, EventType::Normal).await;
@@ -148,6 +157,14 @@ fn adopt(status: &mut SandboxStatus, obs: &observe::Observation) {
     }
     if let Some(v) = &obs.volume {
         status.volume_id = Some(v.id.clone());
+    }
+    // The node prepared for this session is its node, whether or not the
+    // pass that prepared it got to record that (its status write can lose a
+    // race and be decided again).
+    if obs.observed.node_prepared
+        && let Some(node) = obs.node.as_ref().and_then(|n| n.metadata.name.clone())
+    {
+        status.node_name = Some(node);
     }
 }
 
