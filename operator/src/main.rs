@@ -14,7 +14,7 @@ use hangar_operator::keys::{OrgKey, b64};
 use hangar_operator::lifecycle;
 use hangar_operator::metrics::Metrics;
 use hangar_operator::settings::Settings;
-use hangar_runtime::admin::{self, Readiness};
+use hangar_runtime::admin;
 use hangar_runtime::leader::{Leadership, LeaseSettings};
 use hangar_runtime::retry::until_ok;
 use k8s_openapi::ByteString;
@@ -57,9 +57,6 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let metrics = Arc::new(Metrics::default());
     let mut registry = Registry::with_prefix("hangar");
     metrics.register(&mut registry, &ec2.calls);
-    let readiness = Readiness::default();
-    let listener = tokio::net::TcpListener::bind(&settings.metrics_addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint");
     let samples = metrics.clone();
     let debug = if settings.debug_samples {
         axum::Router::new().route(
@@ -72,7 +69,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     } else {
         axum::Router::new()
     };
-    tokio::spawn(admin::serve(listener, admin::router(Arc::new(registry), readiness.clone(), debug)));
+    let readiness = admin::start(settings.metrics_addr.as_str(), registry, debug).await?;
 
     let mut election = None;
     if settings.leader_elect {

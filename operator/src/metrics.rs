@@ -6,7 +6,7 @@
 //! kept raw (bounded) and served as JSON on `/debug/samples`, apart from
 //! the exposition format.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
@@ -47,13 +47,13 @@ pub struct Samples {
     /// benchmark subtracts the time its create call returned.
     pub run_instances_at_ms: BTreeMap<String, i64>,
     /// Node Ready first observed → phase running written.
-    pub node_ready_to_running_ms: Vec<u64>,
+    pub node_ready_to_running_ms: VecDeque<u64>,
     /// The watch event (node, heartbeat Lease, agent Pod) that completed the
     /// prerequisites arrived → phase running written: the operator's own
     /// overhead.
-    pub event_to_running_ms: Vec<u64>,
+    pub event_to_running_ms: VecDeque<u64>,
     /// Worker reported workspace closed → StopInstances called.
-    pub workspace_closed_to_stop_ms: Vec<u64>,
+    pub workspace_closed_to_stop_ms: VecDeque<u64>,
 }
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -61,11 +61,11 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
 }
 
-fn push(v: &mut Vec<u64>, ms: u64) {
+fn push(v: &mut VecDeque<u64>, ms: u64) {
     if v.len() >= MAX_SAMPLES {
-        v.remove(0);
+        v.pop_front();
     }
-    v.push(ms);
+    v.push_back(ms);
 }
 
 impl Default for Metrics {

@@ -107,6 +107,21 @@ fn metrics(registry: &Registry) -> axum::response::Response {
     }
 }
 
+/// Binds `addr` and serves the admin routes over `registry` (plus `extra`)
+/// from now on; `/readyz` answers 503 until the returned [`Readiness`] is
+/// set.
+pub async fn start(
+    addr: impl tokio::net::ToSocketAddrs,
+    registry: Registry,
+    extra: Router,
+) -> std::io::Result<Readiness> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "admin server (healthz, readyz, metrics)");
+    let readiness = Readiness::default();
+    tokio::spawn(serve(listener, router(Arc::new(registry), readiness.clone(), extra)));
+    Ok(readiness)
+}
+
 /// Serves the admin routes until the process ends. An accept error is
 /// logged by axum and does not stop the server.
 pub async fn serve(listener: TcpListener, router: Router) {

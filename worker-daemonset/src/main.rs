@@ -9,7 +9,6 @@ use hangar_worker::{commands, workspace};
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -125,12 +124,7 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
     let metrics = WorkerMetrics::default();
     let mut registry = Registry::with_prefix("hangar_worker");
     metrics.register(&mut registry);
-    let readiness = admin::Readiness::default();
-    let admin_listener = tokio::net::TcpListener::bind(&config.admin_listen).await.map_err(Error::Admin)?;
-    tokio::spawn(admin::serve(
-        admin_listener,
-        admin::router(Arc::new(registry), readiness.clone(), Default::default()),
-    ));
+    let readiness = admin::start(&config.admin_listen, registry, Default::default()).await.map_err(Error::Admin)?;
     let (ns, name) = session_of_node(&client, &config.node_name).await?;
     tracing::info!(node = %config.node_name, %ns, sandbox = %name, "serving session");
     readiness.set_ready();

@@ -65,12 +65,12 @@ fn run() -> hangar_e2e::Result<()> {
     // Until Ctrl-C or SIGTERM; a part of the stack that dies is reported
     // (with its last log lines) and stops the rest.
     let died = rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+        let shutdown = hangar_runtime::https::shutdown_signal();
+        tokio::pin!(shutdown);
         let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => return None,
-                _ = term.recv() => return None,
+                _ = &mut shutdown => return None,
                 _ = every.tick() => {
                     if let Err(e) = stack.check_alive() {
                         return Some(e);

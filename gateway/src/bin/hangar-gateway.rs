@@ -60,12 +60,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let http = hangar_runtime::admin::HttpMetrics::default();
     let mut registry = prometheus_client::registry::Registry::with_prefix("hangar_gateway");
     http.register(&mut registry);
-    let readiness = admin::Readiness::default();
-    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen).await?;
-    tokio::spawn(admin::serve(
-        admin_listener,
-        admin::router(Arc::new(registry), readiness.clone(), Default::default()),
-    ));
+    let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
     let org = org_key(&secrets).await?;
     let store = OutputStore::from_url(

@@ -70,12 +70,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let mut registry = Registry::with_prefix("hangar_webhook");
     wh.http.register(&mut registry);
     wh.metrics.register(&mut registry);
-    let readiness = admin::Readiness::default();
-    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen).await?;
-    tokio::spawn(admin::serve(
-        admin_listener,
-        admin::router(Arc::new(registry), readiness.clone(), Default::default()),
-    ));
+    let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
     readiness.set_ready();
