@@ -96,6 +96,10 @@ async fn members_drive_commands_and_read_output_through_the_gateway() {
     }
 
     // Output from 0: the first line comes as soon as it is stored.
+    for bad in ["after=abc", "after=%zz"] {
+        let (st, body) = gw.get(&format!("{base}/commands/{cid}/output?{bad}"), &member).await;
+        assert_eq!((st, code(&body)), (400, "bad_request"), "{bad}: {body}");
+    }
     let (st, out) = gw.get(&format!("{base}/commands/{cid}/output?after=0"), &member).await;
     assert_eq!(st, 200, "{out}");
     let chunks = decode(&out);

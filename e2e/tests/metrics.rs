@@ -58,6 +58,16 @@ async fn every_process_serves_parseable_metrics_without_duplicate_series() {
     let (status, _) = gw.get(&format!("/v1/sandboxes/{}", s.uid().unwrap()), &member).await;
     assert_eq!(status, 200);
 
+    // Anyone who can reach an admin port reads /metrics: no series names a
+    // tenant's session.
+    let sid = s.uid().unwrap();
+    for (who, text) in [
+        ("operator", stack.operator().metrics()),
+        ("webhook", stack.webhook.metrics()),
+        ("gateway", stack.gateway.metrics()),
+    ] {
+        assert!(!text.contains(&sid) && !text.contains(&format!("{ns}/")), "{who} /metrics names a session:\n{text}");
+    }
     let operator = parse("operator", &stack.operator().metrics());
     assert!(total(&operator, "hangar_reconciles_total", &[]) >= 1.0);
     assert!(total(&operator, "hangar_ec2_mutating_calls_total", &[]) >= 1.0, "the launch called EC2");

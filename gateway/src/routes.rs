@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
@@ -190,10 +190,12 @@ async fn attach(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, headers:
 async fn output(
     State(gw): State<Arc<Gateway>>,
     Path((id, cid)): Path<(String, String)>,
-    Query(query): Query<HashMap<String, String>>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
 ) -> Reply {
     let (_, session) = authorised(&gw, &headers, &id, "get", "commands").await?;
+    // A query that does not parse is answered in the contract's shape too.
+    let Query(query) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("query: {e}")))?;
     let after = match query.get("after") {
         Some(a) => a.parse::<u64>().map_err(|_| ApiError::new(ErrorCode::BadRequest, "after must be a byte offset"))?,
         None => 0,
