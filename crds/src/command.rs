@@ -47,6 +47,21 @@ pub struct CommandSpec {
     pub cancel: bool,
 }
 
+impl Command {
+    /// Whether this command belongs to the session `sandbox`: it names the
+    /// Sandbox, in its namespace, and was not admitted for an earlier
+    /// Sandbox of the same name (bound by uid; one not yet numbered is
+    /// not bound yet).
+    pub fn belongs_to(&self, sandbox: &crate::Sandbox) -> bool {
+        self.metadata.namespace == sandbox.metadata.namespace
+            && Some(&self.spec.sandbox) == sandbox.metadata.name.as_ref()
+            && match self.status.as_ref().and_then(|s| s.sandbox_uid.as_ref()) {
+                Some(uid) => Some(uid) == sandbox.metadata.uid.as_ref(),
+                None => true,
+            }
+    }
+}
+
 /// The command's job on the session certificate: `<sessionId>/cmd/<n>`.
 pub fn job_id(session_id: &str, number: i64) -> String {
     format!("{session_id}/cmd/{number}")
@@ -99,6 +114,11 @@ pub struct CommandStatus {
     pub sent_by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The uid of the Sandbox this command was admitted for: the command
+    /// belongs to that session only, not to a later Sandbox of the same
+    /// name. Written once, with the number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_uid: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

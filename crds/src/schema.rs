@@ -323,7 +323,7 @@ pub(crate) fn command(e: &mut SchemaEditor) {
         SandboxRequestInvalid,
         "a command's phase only moves forward (queued, running, cancelling, then a final status)",
     );
-    for field in ["jobId", "sentBy"] {
+    for field in ["jobId", "sentBy", "sandboxUid"] {
         e.rule(
             "status",
             &format!("!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"),

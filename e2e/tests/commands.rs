@@ -99,6 +99,11 @@ async fn timeouts_cancels_and_final_statuses() {
     let rejob = json!({"status": {"jobId": "another-session/cmd/1"}});
     let err = api.patch_status("ok", &PatchParams::default(), &Patch::Merge(&rejob)).await.unwrap_err();
     assert!(err.to_string().contains("jobId is written once"), "{err}");
+    // Bound to its session by uid: never moved to another session.
+    assert!(ok.status.as_ref().unwrap().sandbox_uid.is_some(), "numbered and bound");
+    let rebind = json!({"status": {"sandboxUid": "a-later-session"}});
+    let err = api.patch_status("ok", &PatchParams::default(), &Patch::Merge(&rebind)).await.unwrap_err();
+    assert!(err.to_string().contains("sandboxUid is written once"), "{err}");
     // A running command never goes back to queued (to be run again).
     cmds::create(&api, &sh("hold", "box", "exec sleep 300")).await;
     wait_command_phase(stack, &api, "hold", CommandPhase::Running).await;

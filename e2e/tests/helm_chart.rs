@@ -233,6 +233,8 @@ fn chart_installs_and_grants_least_privilege() {
     yes(op, &["get", "secrets", "-n", "team-a"]);
     yes(op, &["patch", "nodes"]);
     yes(op, &["update", "leases.coordination.k8s.io", "-n", "hangar-system"]);
+    yes(op, &["update", "configmaps", "-n", "hangar-system"]);
+    no(op, &["update", "configmaps", "-n", "team-a"]);
     no(op, &["list", "secrets", "-n", "team-a"]);
     no(op, &["delete", "nodes"]);
     no(op, &["delete", "sandboxes.hangar.dev", "-n", "team-a"]);
@@ -241,7 +243,13 @@ fn chart_installs_and_grants_least_privilege() {
     no(op, &["create", "clusterroles"]);
 
     let wh = "hangar-webhook";
-    yes(wh, &["patch", "sandboxes.hangar.dev", "-n", "team-a"]);
+    // It writes nothing a tenant can see: the ledgers of admitted commands
+    // are ConfigMaps in the release namespace.
+    yes(wh, &["get", "sandboxes.hangar.dev", "-n", "team-a"]);
+    no(wh, &["patch", "sandboxes.hangar.dev", "-n", "team-a"]);
+    yes(wh, &["update", "configmaps", "-n", "hangar-system"]);
+    no(wh, &["update", "configmaps", "-n", "team-a"]);
+    no(wh, &["delete", "configmaps", "-n", "hangar-system"]);
     yes(wh, &["list", "commands.hangar.dev", "-n", "team-a"]);
     no(wh, &["create", "commands.hangar.dev", "-n", "team-a"]);
     no(wh, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);

@@ -105,29 +105,38 @@ pub async fn send(
         .map_err(|r| ApiError::new(r.code, r.text))?;
     let session_id = sandbox.uid().unwrap_or_default();
     let named = key.map(|k| name_for_key(&session_id, caller, k));
-    let wanted_name = named.as_ref().map(|(n, _)| n.clone());
+    let Some(wanted) = named.as_ref().map(|(n, _)| n.clone()) else {
+        return Ok((api.create(&PostParams::default(), &manifest(sandbox, req, None)).await?, false));
+    };
+    // A replay is answered from what is stored, without a create (and so
+    // without an admission): it takes no second place in the session.
+    if let Some(existing) = api.get_opt(&wanted).await? {
+        return replay(existing, req);
+    }
     match api.create(&PostParams::default(), &manifest(sandbox, req, named)).await {
         Ok(c) => Ok((c, false)),
-        Err(kube::Error::Api(e)) if e.reason == "AlreadyExists" && wanted_name.is_some() => {
-            let existing = api.get(wanted_name.as_deref().expect("named")).await?;
-            if !same_request(&existing, req) {
-                return Err(ApiError::new(
-                    ErrorCode::SandboxRequestInvalid,
-                    "this Idempotency-Key was used for a different command",
-                ));
-            }
-            let cancelled =
-                existing.spec.cancel || existing.status.as_ref().and_then(|s| s.phase) == Some(CommandPhase::Cancelled);
-            if cancelled {
-                return Err(ApiError::new(
-                    ErrorCode::SandboxCommandCancelled,
-                    "the command sent with this Idempotency-Key was cancelled",
-                ));
-            }
-            Ok((existing, true))
-        }
+        Err(kube::Error::Api(e)) if e.reason == "AlreadyExists" => replay(api.get(&wanted).await?, req),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The answer to a request whose Idempotency-Key names `existing`.
+fn replay(existing: Command, req: &NewCommand) -> Result<(Command, bool), ApiError> {
+    if !same_request(&existing, req) {
+        return Err(ApiError::new(
+            ErrorCode::SandboxRequestInvalid,
+            "this Idempotency-Key was used for a different command",
+        ));
+    }
+    let cancelled =
+        existing.spec.cancel || existing.status.as_ref().and_then(|s| s.phase) == Some(CommandPhase::Cancelled);
+    if cancelled {
+        return Err(ApiError::new(
+            ErrorCode::SandboxCommandCancelled,
+            "the command sent with this Idempotency-Key was cancelled",
+        ));
+    }
+    Ok((existing, true))
 }
 
 pub async fn cancel(api: &Api<Command>, name: &str) -> Result<Command, ApiError> {

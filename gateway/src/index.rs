@@ -38,10 +38,7 @@ impl Index {
 
     /// The session's commands, by number (unnumbered last, by name).
     pub fn commands_of(&self, sandbox: &Sandbox) -> Vec<Arc<Command>> {
-        let ns = sandbox.namespace();
-        let name = sandbox.name_any();
-        let mut list: Vec<Arc<Command>> =
-            self.commands.state().into_iter().filter(|c| c.namespace() == ns && c.spec.sandbox == name).collect();
+        let mut list: Vec<Arc<Command>> = self.commands.state().into_iter().filter(|c| c.belongs_to(sandbox)).collect();
         list.sort_by_key(|c| (c.status.as_ref().and_then(|s| s.number).unwrap_or(i64::MAX), c.name_any()));
         list
     }

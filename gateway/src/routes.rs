@@ -157,7 +157,7 @@ async fn command_of(gw: &Gateway, session: &Sandbox, cid: &str) -> Result<Comman
         None => Api::<Command>::namespaced(gw.client.clone(), &ns).get_opt(cid).await?,
     };
     found
-        .filter(|c| c.spec.sandbox == session.name_any())
+        .filter(|c| c.belongs_to(session))
         .ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no command {cid} in this session")))
 }
 

@@ -9,6 +9,8 @@ pub enum Error {
     Ec2(#[from] Ec2Error),
     #[error("session key: {0}")]
     Key(#[from] KeyError),
+    #[error("command ledger: {0}")]
+    Ledger(#[from] hangar_runtime::json_document::DocumentError),
     #[error("Sandbox has no {0}")]
     MissingField(&'static str),
     #[error("the reset of the session is not complete yet")]

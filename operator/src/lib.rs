@@ -9,12 +9,14 @@
 //!   is gone
 //! - `node/`: node labels and taint, the agent Pod
 //! - `commands/`: the Command controller (numbering, cancel of queued ones);
-//!   `numbering_state`: what it remembers between reconciles
+//!   `numbering_state`: what it remembers between reconciles;
+//!   `command_ledger`: where the sessions' ledgers of admitted commands are
 //! - `keys`: session keys sealed under the organisation key
 //! - `output_keys`: sealing the output keys workers hand in
 //! - `output_retention`: destroying them `outputRetentionDays` after the end
 //! - `metrics`: the prometheus-client registry and the raw benchmark samples
 
+pub mod command_ledger;
 pub mod commands;
 pub mod context;
 pub mod ec2;

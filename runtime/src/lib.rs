@@ -13,9 +13,12 @@
 //! - `leader`: leader election on a Lease (kube-lease-manager)
 //! - `kube_ext`: ignore-not-found / already-exists, and the typed
 //!   compare-and-swap status patch
+//! - `json_document`: a JSON document in a ConfigMap, written by
+//!   compare-and-swap (the session command ledgers)
 
 pub mod admin;
 pub mod https;
+pub mod json_document;
 pub mod kube_ext;
 pub mod leader;
 pub mod retry;

@@ -1,61 +1,66 @@
 //! Numbering: the commands of a session get 1, 2, 3… in the order they were
-//! created, with no gap and no duplicate. Only the (leader-elected)
-//! operator numbers, one session at a time, from a fresh list, so
-//! concurrent creates cannot race for a number; the CRD refuses to change a
+//! created. Numbers are given in the session's ledger first (only the
+//! leader-elected operator numbers, one session at a time), then copied to
+//! the commands: the ledger keeps every number ever given, so a deleted
+//! command's number is never given again, and a crash between the two
+//! writes repeats the copy, not the choice. The CRD refuses to change a
 //! number once set.
 
-use hangar_crds::Command;
+use super::ledger::{Ledger, Live};
 
-/// The numbers to give: every unnumbered command, oldest first, continuing
-/// after the highest number already given.
-fn name(c: &Command) -> String {
-    c.metadata.name.clone().unwrap_or_default()
-}
-
-pub fn assign(commands: &[Command]) -> Vec<(String, i64)> {
-    let highest = commands.iter().filter_map(|c| c.status.as_ref()?.number).max().unwrap_or(0);
-    let mut unnumbered: Vec<&Command> =
-        commands.iter().filter(|c| c.status.as_ref().and_then(|s| s.number).is_none()).collect();
-    // creationTimestamp has one-second resolution: the name breaks ties, so
-    // every pass over the same list gives the same answer.
-    unnumbered.sort_by(|a, b| {
-        let key = |c: &Command| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), name(c));
-        key(a).cmp(&key(b))
-    });
-    unnumbered.into_iter().zip(highest + 1..).map(|(c, n)| (name(c), n)).collect()
+/// Numbers every live command that holds a ledger entry without one, oldest
+/// first (the name breaks ties: creationTimestamp has one-second
+/// resolution), after the highest number given. True if any was given.
+pub fn assign(ledger: &mut Ledger, live: &[Live]) -> bool {
+    let mut waiting: Vec<&Live> =
+        live.iter().filter(|l| ledger.entry(&l.uid).is_some_and(|e| e.number.is_none())).collect();
+    waiting.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+    let mut next = ledger.highest_number() + 1;
+    for l in &waiting {
+        if let Some(e) = ledger.entries.iter_mut().find(|e| e.uid == l.uid) {
+            e.number = Some(next);
+            next += 1;
+        }
+    }
+    !waiting.is_empty()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::ledger::Entry;
 
-    fn commands(yaml: &str) -> Vec<Command> {
-        serde_yaml::from_str(yaml).unwrap()
+    fn entry(uid: &str, number: Option<i64>) -> Entry {
+        Entry { uid: uid.into(), name: uid.into(), admitted_at: 0, number }
+    }
+
+    fn live(uid: &str, created: i64) -> Live {
+        Live { uid: uid.into(), name: uid.into(), finished: false, created }
     }
 
     #[test]
     fn unnumbered_commands_continue_after_the_highest_in_creation_order() {
-        let list = commands(
-            r#"
-- metadata: {name: b, creationTimestamp: "2026-11-30T10:00:02Z"}
-  spec: {sandbox: s, argv: [true]}
-- metadata: {name: a, creationTimestamp: "2026-11-30T10:00:00Z"}
-  spec: {sandbox: s, argv: [true]}
-  status: {number: 2, phase: exited}
-- metadata: {name: d, creationTimestamp: "2026-11-30T10:00:01Z"}
-  spec: {sandbox: s, argv: [true]}
-- metadata: {name: c, creationTimestamp: "2026-11-30T10:00:01Z"}
-  spec: {sandbox: s, argv: [true]}
-"#,
-        );
-        assert_eq!(assign(&list), vec![("c".into(), 3), ("d".into(), 4), ("b".into(), 5)]);
+        let mut l = Ledger { entries: vec![entry("b", None), entry("a", Some(2)), entry("d", None), entry("c", None)] };
+        let live = [live("b", 2), live("a", 0), live("d", 1), live("c", 1)];
+        assert!(assign(&mut l, &live));
+        let number = |uid: &str| l.entry(uid).unwrap().number;
+        assert_eq!([number("c"), number("d"), number("b")], [Some(3), Some(4), Some(5)]);
+        assert!(!assign(&mut l, &live), "a second pass gives nothing");
     }
 
     #[test]
-    fn a_fresh_session_starts_at_one_and_a_numbered_one_is_left_alone() {
-        let list = commands("- metadata: {name: x}\n  spec: {sandbox: s, argv: [ls]}\n");
-        assert_eq!(assign(&list), vec![("x".into(), 1)]);
-        let done = commands("- metadata: {name: x}\n  spec: {sandbox: s, argv: [ls]}\n  status: {number: 1}\n");
-        assert!(assign(&done).is_empty());
+    fn a_deleted_commands_number_is_never_given_again_and_unbound_ones_get_none() {
+        // Number 7 was the highest; its command is gone.
+        let mut l = Ledger { entries: vec![entry("gone", Some(7)), entry("new", None)] };
+        assert!(assign(&mut l, &[live("new", 9), live("stranger", 1)]));
+        assert_eq!(l.entry("new").unwrap().number, Some(8));
+        assert!(l.entry("stranger").is_none());
+    }
+
+    #[test]
+    fn a_fresh_session_starts_at_one() {
+        let mut l = Ledger { entries: vec![entry("x", None)] };
+        assign(&mut l, &[live("x", 0)]);
+        assert_eq!(l.entry("x").unwrap().number, Some(1));
     }
 }

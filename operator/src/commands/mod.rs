@@ -7,11 +7,12 @@
 //! worker starts a queued command the same way, so a command is either
 //! cancelled before it starts or started before it is cancelled, never both.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use hangar_core::commands::ledger::{self, Ledger, Live};
+use hangar_core::commands::numbering;
 use hangar_crds::{Command, CommandPhase, Sandbox, job_id};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -22,6 +23,7 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tracing::{Instrument, info_span, warn};
 
+use hangar_runtime::json_document;
 use hangar_runtime::kube_ext::{Swap, swap_status};
 
 use crate::context::Context;
@@ -77,39 +79,71 @@ async fn reconcile(command: Arc<Command>, ctx: Arc<Context>, serves: bool) -> Re
     .await
 }
 
-/// Numbers every unnumbered command of one session, oldest first.
+/// Numbers every unnumbered command of one session, oldest first: in the
+/// session's ledger first, then on the commands (a crash between the two
+/// repeats the copy, not the choice). A command the ledger does not hold
+/// was never admitted for this session (created while no webhook answered,
+/// or for a session that has ended): it ends `cancelled` and never runs.
 async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &str) -> Result<Requeue> {
     let lock = ctx.numbering.lock_for(&format!("{ns}/{sandbox}"));
     let _guard = lock.lock().await;
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(session_id) = sandboxes.get_opt(sandbox).await?.and_then(|s| s.uid()) else {
+    let Some(session) = sandboxes.get_opt(sandbox).await? else {
         // The admission webhook refuses these; without it, wait for the
         // Sandbox rather than number into nothing.
         return Ok(Requeue::requeue(Duration::from_secs(5)));
     };
-    // A fresh (quorum) list: it holds every number already given.
+    let session_id = session.uid().unwrap_or_default();
+    // The list before the ledger: a command's place is in the ledger
+    // before the command exists, so a ledger read after the list holds
+    // every command in it.
     let list = api.list(&ListParams::default().fields(&format!("spec.sandbox={sandbox}"))).await?.items;
-    let by_name: HashMap<String, &Command> = list.iter().map(|c| (c.name_any(), c)).collect();
-    for (name, number) in hangar_core::commands::numbering::assign(&list) {
-        let c = by_name[&name];
+    let ledgers = crate::command_ledger::api(ctx);
+    let doc = ledger::document_name(&session_id);
+    let stored: json_document::Read<Ledger> = json_document::read(&ledgers, &doc).await?;
+    let mine: Vec<&Command> = list.iter().filter(|c| c.belongs_to(&session)).collect();
+    let live: Vec<Live> = mine.iter().map(|c| Live::of(c)).collect();
+    let mut next = stored.document.clone();
+    let bound = next.bind(&live);
+    if (numbering::assign(&mut next, &live) || bound)
+        && !json_document::write(&ledgers, &doc, ledger::document_labels(&session_id), &stored, &next).await?
+    {
+        // The webhook reserved a place meanwhile: read again.
+        return Ok(Requeue::requeue(Duration::from_millis(20)));
+    }
+    for c in mine.iter().filter(|c| c.status.as_ref().and_then(|s| s.number).is_none()) {
         let now = Time(Timestamp::now());
-        let mut status = json!({
-            "number": number,
-            "jobId": job_id(&session_id, number),
-            "phase": "queued",
-            "queuedAt": now,
-        });
-        if c.spec.cancel {
-            status["phase"] = json!("cancelled");
-            status["finishedAt"] = json!(now);
-            status["reason"] = json!("cancelled before it ran");
-        }
-        if !cas(api, c, status).await? {
+        let finished = c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final);
+        let status = match next.entry(&c.uid().unwrap_or_default()).and_then(|e| e.number) {
+            // Ended before it was numbered (its session ended): it keeps
+            // its status and gets its number.
+            Some(number) if finished => json!({
+                "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
+            }),
+            Some(number) if c.spec.cancel => json!({
+                "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
+                "phase": "cancelled", "queuedAt": now, "finishedAt": now, "reason": "cancelled before it ran",
+            }),
+            Some(number) => json!({
+                "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
+                "phase": "queued", "queuedAt": now,
+            }),
+            None if finished => continue,
+            None => {
+                tracing::warn!(command = %c.name_any(), "a command no admission let in for this session; cancelled");
+                json!({
+                    "sandboxUid": session_id, "phase": "cancelled", "finishedAt": now,
+                    "reason": "not admitted for this session",
+                })
+            }
+        };
+        match swap_status(api, *c, status).await? {
+            Swap::Swapped(_) => ctx.numbering.mark(c.uid().unwrap_or_default()),
             // Changed under us (e.g. cancel set): the next pass numbers it.
-            return Ok(Requeue::requeue(Duration::from_millis(50)));
+            Swap::LostRace => return Ok(Requeue::requeue(Duration::from_millis(50))),
+            Swap::Refused(e) => tracing::warn!(command = %c.name_any(), reason = %e.message, "number refused"),
         }
-        ctx.numbering.mark(c.uid().unwrap_or_default());
-        tracing::debug!(command = %name, number, "numbered");
+        tracing::debug!(command = %c.name_any(), "numbered");
     }
     Ok(Requeue::await_change())
 }

@@ -299,10 +299,17 @@ async fn cancel_queued_commands(ctx: &Context, s: &Session<'_>) -> Result<()> {
     let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), s.namespace);
     let list = commands.list(&ListParams::default().fields(&format!("spec.sandbox={}", s.name))).await?;
     for c in list.items {
-        if c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final) {
+        let finished = c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final);
+        let bound = c.status.as_ref().and_then(|st| st.sandbox_uid.as_deref());
+        if finished || bound.is_some_and(|uid| uid != s.session_id) {
             continue;
         }
-        let status = json!({"phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now())});
+        // Bound to this session as it ends: no later Sandbox of the name
+        // can take it.
+        let status = json!({
+            "phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now()),
+            "sandboxUid": s.session_id,
+        });
         crate::commands::cas(&commands, &c, status).await?;
     }
     Ok(())

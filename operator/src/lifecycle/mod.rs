@@ -47,6 +47,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     let terminal = matches!(current.phase, Some(Phase::Ended | Phase::Failed));
     if terminal {
         let left = crate::output_retention::enforce(&ctx, &sandbox, &current).await?;
+        crate::command_ledger::forget(&ctx, &session_id).await?;
         finalizer::remove_finalizer(&api, &sandbox).await?;
         return Ok(left
             .map(|d| Requeue::requeue(d + Duration::from_millis(100)))
@@ -69,7 +70,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     // would say 0 for a moment). Never awaited here: the cache is fed by the
     // same controller that runs this reconcile.
     if matches!(futures::FutureExt::now_or_never(ctx.commands.wait_until_ready()), Some(Ok(()))) {
-        status.commands = Some(command_counts(&ctx, &ns, &name));
+        status.commands = Some(command_counts(&ctx, &sandbox));
     }
     let mut failure = None;
     for action in &plan.actions {
@@ -116,6 +117,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         // The output's erase deadline goes on its key Secret before the
         // finalizer does, so even a deleted Sandbox's output is erased.
         let left = crate::output_retention::enforce(&ctx, &sandbox, &status).await?;
+        crate::command_ledger::forget(&ctx, &session_id).await?;
         finalizer::remove_finalizer(&api, &sandbox).await?;
         return Ok(left
             .map(|d| Requeue::requeue(d + Duration::from_millis(100)))
@@ -133,9 +135,9 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
 }
 
 /// The session's commands: all, not finished, running (or being cancelled).
-fn command_counts(ctx: &Context, ns: &str, name: &str) -> CommandCounts {
+fn command_counts(ctx: &Context, sandbox: &Sandbox) -> CommandCounts {
     let mut counts = CommandCounts { total: 0, unfinished: 0, running: 0 };
-    for c in ctx.commands.state().iter().filter(|c| c.namespace().as_deref() == Some(ns) && c.spec.sandbox == name) {
+    for c in ctx.commands.state().iter().filter(|c| c.belongs_to(sandbox)) {
         let phase = c.status.as_ref().and_then(|s| s.phase);
         counts.total += 1;
         if !phase.is_some_and(CommandPhase::is_final) {

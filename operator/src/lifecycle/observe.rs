@@ -158,6 +158,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
                 .await?
                 .items
                 .iter()
+                .filter(|c| c.belongs_to(sandbox))
                 .filter(|c| !c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final))
                 .count()
         } else {

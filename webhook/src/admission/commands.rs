@@ -3,30 +3,29 @@
 //! yet finished.
 //!
 //! Exact under concurrent creates, with any number of webhook replicas:
-//! each admission reserves its place by a compare-and-swap on a counter
-//! kept on the Sandbox (`hangar.dev/commands-admitted`, a JSON patch that
-//! tests the value it read). The counter only grows, so it can over-count
-//! (a create refused later by the apiserver) and refuse early, never
-//! under-count and admit a 248th. Unfinished = admitted − finished, where
-//! finished comes from a fresh list: a stale list only makes it stricter.
-//! Numbers are not given here but by the operator, after the create, so a
-//! create that fails later leaves no gap.
+//! each admitted create reserves its place in the session's command ledger
+//! (`hangar_core::commands::ledger`, a ConfigMap in the operator's
+//! namespace named by the session's uid, written by compare-and-swap). No
+//! count a tenant can edit or delete is trusted: the ledger is out of the
+//! tenant's reach, a repeated review or a create of an existing name takes
+//! no place, and a reservation whose command never appeared is released.
+//! Numbers are given by the operator, after the create.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hangar_core::admission::command_create;
-use hangar_core::commands::limits::{Counts, decide_in_order};
-use hangar_crds::{Command, CommandPhase, Sandbox};
+use hangar_core::admission::command_creates;
+use hangar_core::commands::ledger::{self, Create, Ledger, Live, Place};
+use hangar_crds::{Command, Sandbox};
+use hangar_runtime::json_document;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, ListParams};
 use tokio::sync::oneshot;
 
 use super::{AdmissionError, Refusal};
-
-pub const ADMITTED_ANNOTATION: &str = "hangar.dev/commands-admitted";
 
 /// Admissions waiting per session. Concurrent creates for one session are
 /// decided together: whoever holds the session's turn takes every request
@@ -37,15 +36,18 @@ pub const ADMITTED_ANNOTATION: &str = "hangar.dev/commands-admitted";
 #[derive(Default)]
 pub struct SessionQueues(Mutex<HashMap<String, Arc<SessionQueue>>>);
 
+/// A decision, or why none could be made (shared by a whole batch).
+pub type Decided = Result<Result<Place, Refusal>, Arc<AdmissionError>>;
+
+/// A waiting create and where its answer goes.
+type Waiting = (Create, oneshot::Sender<Decided>);
+
 /// One session's waiting admissions and its turn.
 #[derive(Default)]
 struct SessionQueue {
-    waiting: Mutex<Vec<oneshot::Sender<Decided>>>,
+    waiting: Mutex<Vec<Waiting>>,
     turn: tokio::sync::Mutex<()>,
 }
-
-/// A decision, or why none could be made (shared by a whole batch).
-pub type Decided = Result<Result<(), Refusal>, Arc<AdmissionError>>;
 
 impl SessionQueues {
     fn get(&self, key: String) -> Arc<SessionQueue> {
@@ -58,9 +60,21 @@ impl SessionQueues {
     }
 }
 
+/// Where the ledgers are kept.
+pub struct Ledgers {
+    pub api: Api<ConfigMap>,
+}
+
+impl Ledgers {
+    pub fn new(client: kube::Client, system_namespace: &str) -> Self {
+        Self { api: Api::namespaced(client, system_namespace) }
+    }
+}
+
 /// Reads, decides and (unless a dry run) reserves the command's place.
 pub async fn admit(
     client: &kube::Client,
+    ledgers: &Ledgers,
     queues: &SessionQueues,
     namespace: &str,
     command: &Command,
@@ -69,29 +83,34 @@ pub async fn admit(
     let name = &command.spec.sandbox;
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), namespace);
     let commands: Api<Command> = Api::namespaced(client.clone(), namespace);
+    let create = Create { uid: command.uid().unwrap_or_default(), name: command.name_any() };
     if dry_run {
         // Decided on a fresh read; nothing is reserved.
-        let (sandbox, counts, _) = read(&sandboxes, &commands, name).await.map_err(Arc::new)?;
-        return Ok(command_create(namespace, name, sandbox.as_ref(), counts));
+        let mut session = read(ledgers, &sandboxes, &commands, name).await.map_err(Arc::new)?;
+        let now = Timestamp::now().as_second();
+        let sandbox = session.sandbox.as_ref();
+        let mut decided = command_creates(namespace, name, sandbox, &mut session.ledger, &[create], &session.live, now);
+        return Ok(decided.remove(0));
     }
     let queue = queues.get(format!("{namespace}/{name}"));
     let (tx, mut rx) = oneshot::channel();
-    queue.waiting.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
+    queue.waiting.lock().unwrap_or_else(|p| p.into_inner()).push((create, tx));
     let turn = queue.turn.lock().await;
     // A batch decided while this one waited for its turn may hold it.
     if let Ok(decided) = rx.try_recv() {
         return decided;
     }
     let batch = std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|p| p.into_inner()));
-    match decide_batch(&sandboxes, &commands, namespace, name, batch.len()).await {
+    let (creates, answers): (Vec<Create>, Vec<_>) = batch.into_iter().unzip();
+    match decide_batch(ledgers, &sandboxes, &commands, namespace, name, &creates).await {
         Ok(decisions) => {
-            for (tx, d) in batch.into_iter().zip(decisions) {
+            for (tx, d) in answers.into_iter().zip(decisions) {
                 let _ = tx.send(Ok(d));
             }
         }
         Err(e) => {
             let e = Arc::new(e);
-            for tx in batch {
+            for tx in answers {
                 let _ = tx.send(Err(e.clone()));
             }
         }
@@ -100,73 +119,72 @@ pub async fn admit(
     rx.await.unwrap_or_else(|_| Err(Arc::new(AdmissionError::Contended)))
 }
 
-/// The session, its counts (admitted: the larger of the counter and the
-/// commands that exist) and the counter as read.
+/// What a decision reads: the session, its ledger and its commands.
+struct Session {
+    sandbox: Option<Sandbox>,
+    ledger: Ledger,
+    stored: Option<json_document::Read<Ledger>>,
+    live: Vec<Live>,
+}
+
 async fn read(
+    ledgers: &Ledgers,
     sandboxes: &Api<Sandbox>,
     commands: &Api<Command>,
     name: &str,
-) -> Result<(Option<Sandbox>, Counts, Option<i64>), AdmissionError> {
+) -> Result<Session, AdmissionError> {
     let Some(sandbox) = sandboxes.get_opt(name).await? else {
-        return Ok((None, Counts::default(), None));
+        return Ok(Session { sandbox: None, ledger: Ledger::default(), stored: None, live: Vec::new() });
     };
+    let session_id = sandbox.uid().unwrap_or_default();
+    let stored: json_document::Read<Ledger> =
+        json_document::read(&ledgers.api, &ledger::document_name(&session_id)).await?;
+    // Every command under this Sandbox's name, of any earlier session too:
+    // their names are taken. The ledger counts only its own, by uid.
     let list = commands.list(&ListParams::default().fields(&format!("spec.sandbox={name}"))).await?.items;
-    let finished =
-        list.iter().filter(|c| c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final)).count()
-            as i64;
-    let counter = sandbox.annotations().get(ADMITTED_ANNOTATION).and_then(|v| v.parse::<i64>().ok());
-    let admitted = counter.unwrap_or(0).max(list.len() as i64);
-    Ok((Some(sandbox), Counts { admitted, finished }, counter))
+    Ok(Session {
+        sandbox: Some(sandbox),
+        ledger: stored.document.clone(),
+        stored: Some(stored),
+        live: list.iter().map(Live::of).collect(),
+    })
 }
 
-/// Decides `n` creates in arrival order on one read of the session and
+/// Decides the creates in arrival order on one read of the session and
 /// reserves the admitted ones together; a lost race reads again.
 async fn decide_batch(
+    ledgers: &Ledgers,
     sandboxes: &Api<Sandbox>,
     commands: &Api<Command>,
     namespace: &str,
     name: &str,
-    n: usize,
-) -> Result<Vec<Result<(), Refusal>>, AdmissionError> {
+    creates: &[Create],
+) -> Result<Vec<Result<Place, Refusal>>, AdmissionError> {
     for attempt in 0..64u32 {
-        let (sandbox, counts, counter) = read(sandboxes, commands, name).await?;
-        let (decisions, accepted) =
-            decide_in_order(n, counts, |c| command_create(namespace, name, sandbox.as_ref(), c));
-        let Some(sandbox) = sandbox.filter(|_| accepted > 0) else {
+        let mut session = read(ledgers, sandboxes, commands, name).await?;
+        let now = Timestamp::now().as_second();
+        let decisions = command_creates(
+            namespace,
+            name,
+            session.sandbox.as_ref(),
+            &mut session.ledger,
+            creates,
+            &session.live,
+            now,
+        );
+        let reserved = decisions.iter().any(|d| d == &Ok(Place::Reserved));
+        let (Some(sandbox), Some(stored), true) = (&session.sandbox, &session.stored, reserved) else {
             return Ok(decisions);
         };
-        match reserve(sandboxes, &sandbox, counter, counts.admitted + accepted).await {
-            Ok(()) => return Ok(decisions),
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 422 => {
-                // Another replica moved the counter first: read again.
-                let jitter = u64::from(attempt % 7) * 3;
-                tokio::time::sleep(Duration::from_millis(2 + jitter)).await;
-            }
-            Err(e) => return Err(e.into()),
+        let session_id = sandbox.uid().unwrap_or_default();
+        let doc = ledger::document_name(&session_id);
+        let labels = ledger::document_labels(&session_id);
+        if json_document::write(&ledgers.api, &doc, labels, stored, &session.ledger).await? {
+            return Ok(decisions);
         }
+        // Another replica, or the operator numbering, wrote first: read again.
+        let jitter = u64::from(attempt % 7) * 3;
+        tokio::time::sleep(Duration::from_millis(2 + jitter)).await;
     }
     Err(AdmissionError::Contended)
-}
-
-/// Moves the counter from what was read (`seen`) to `next`, or fails.
-async fn reserve(api: &Api<Sandbox>, sandbox: &Sandbox, seen: Option<i64>, next: i64) -> Result<(), kube::Error> {
-    let path = format!("/metadata/annotations/{}", ADMITTED_ANNOTATION.replace('~', "~0").replace('/', "~1"));
-    let ops = match seen {
-        Some(v) => json!([
-            {"op": "test", "path": path, "value": v.to_string()},
-            {"op": "replace", "path": path, "value": next.to_string()},
-        ]),
-        // No counter yet: only if nothing changed since the read.
-        None if sandbox.metadata.annotations.is_some() => json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": sandbox.resource_version()},
-            {"op": "add", "path": path, "value": next.to_string()},
-        ]),
-        None => json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": sandbox.resource_version()},
-            {"op": "add", "path": "/metadata/annotations", "value": {ADMITTED_ANNOTATION: next.to_string()}},
-        ]),
-    };
-    let patch: json_patch::Patch = serde_json::from_value(ops).expect("valid JSON patch");
-    api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
-    Ok(())
 }

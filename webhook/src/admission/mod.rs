@@ -22,6 +22,8 @@ pub enum AdmissionError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("the command ledger: {0}")]
+    Ledger(#[from] hangar_runtime::json_document::DocumentError),
     #[error("too many concurrent admissions for one session; try again")]
     Contended,
 }

@@ -35,11 +35,15 @@ struct Settings {
     /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
     #[arg(long, env = "HANGAR_WEBHOOK_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
+    /// Namespace of the operator, where the session command ledgers are kept.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "hangar-system")]
+    system_namespace: String,
 }
 
 /// What every admission shares.
 struct Webhook {
     client: kube::Client,
+    ledgers: commands::Ledgers,
     queues: commands::SessionQueues,
     http: HttpMetrics,
     metrics: AdmissionMetrics,
@@ -62,6 +66,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
     let config = https::server_config(&settings.tls_cert, &settings.tls_key)?;
     let wh = Arc::new(Webhook {
+        ledgers: commands::Ledgers::new(client.clone(), &settings.system_namespace),
         client,
         queues: commands::SessionQueues::default(),
         http: HttpMetrics::default(),
@@ -122,9 +127,11 @@ async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value
     let command = req.object.as_ref().ok_or(AdmissionError::NoObject)?;
     let ns = req.namespace.clone().unwrap_or_default();
     let span = tracing::info_span!("admit_command", namespace = %ns, sandbox = %command.spec.sandbox);
-    let decision = commands::admit(&wh.client, &wh.queues, &ns, command, req.dry_run).instrument(span).await?;
-    if let Err(r) = &decision {
-        tracing::info!(code = r.code.as_str(), "refused");
+    let decision =
+        commands::admit(&wh.client, &wh.ledgers, &wh.queues, &ns, command, req.dry_run).instrument(span).await?;
+    match &decision {
+        Err(r) => tracing::info!(code = r.code.as_str(), "refused"),
+        Ok(place) => tracing::debug!(?place, "admitted"),
     }
     wh.metrics.decided("Command", decision.as_ref().err().map(|r| r.code.as_str()));
     Ok(to_json(review::answer(&req, decision.as_ref().err())))

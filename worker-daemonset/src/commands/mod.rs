@@ -172,7 +172,9 @@ impl Runner {
                 ev = events.next() => match ev {
                     Some(Ok(watcher::Event::Init)) => listing = Some(BTreeMap::new()),
                     Some(Ok(watcher::Event::InitApply(c))) => {
-                        if let Some(l) = listing.as_mut() { l.insert(c.name_any(), c); }
+                        if let Some(l) = listing.as_mut().filter(|_| self.is_of_this_session(&c)) {
+                            l.insert(c.name_any(), c);
+                        }
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
                         if let Some(l) = listing.take() { self.commands = l; self.listed = true; }
@@ -203,8 +205,17 @@ impl Runner {
         }
     }
 
+    /// Whether `c` was admitted for this session, not for an earlier
+    /// Sandbox of the same name (bound by uid when numbered).
+    fn is_of_this_session(&self, c: &Command) -> bool {
+        c.status.as_ref().and_then(|s| s.sandbox_uid.as_deref()).is_none_or(|uid| uid == self.cfg.session_id)
+    }
+
     /// Keeps the newer of the watched object and our own last write.
     fn observe(&mut self, c: Command) {
+        if !self.is_of_this_session(&c) {
+            return;
+        }
         let newer = |a: &Command, b: &Command| {
             let rv = |c: &Command| c.resource_version().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             rv(a) >= rv(b)
