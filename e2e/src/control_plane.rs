@@ -78,6 +78,7 @@ impl ControlPlane {
 
         tracing::debug!(elapsed = ?started.elapsed(), "etcd healthy");
         let port = free_port();
+        let admission_config = write_admission_config(&root, &pki)?;
         let mut api_cmd = Command::new(&apiserver_bin);
         api_cmd.args([
             format!("--etcd-servers=http://127.0.0.1:{client_port}"),
@@ -93,6 +94,9 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
             "--authorization-mode=RBAC".to_owned(),
+            // The apiserver presents a client certificate to the admission
+            // webhook, which accepts no other client.
+            format!("--admission-control-config-file={}", admission_config.display()),
             "--allow-privileged=true".to_owned(),
             // No kube-controller-manager runs here, so nothing would create
             // the default ServiceAccount that this plugin insists on.
@@ -160,6 +164,22 @@ impl ControlPlane {
     /// A client for the admin user (system:masters).
     pub async fn client(&self) -> Result<kube::Client> {
         client_from(&self.kubeconfig).await
+    }
+
+    /// A client that authenticates with `token` only (a ServiceAccount's,
+    /// say): what that identity can do, nothing more.
+    pub async fn client_as(&self, token: &str) -> Result<kube::Client> {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(self.pki.ca_pem.as_bytes());
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+             certificate-authority-data: {b64}\nusers:\n- name: u\n  user:\n    token: {token}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            self.server
+        );
+        let kc = Kubeconfig::from_yaml(&text)?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        crate::install_crypto_provider();
+        Ok(kube::Client::try_from(config)?)
     }
 
     /// `kubectl` pointed at this control plane.
@@ -233,4 +253,26 @@ current-context: hangar-local
         key = b64(&pki.admin_key_pem),
     );
     std::fs::write(path, body).map_err(io(format!("write {}", path.display())))
+}
+
+/// The apiserver's admission configuration: every webhook it calls gets the
+/// admission client certificate (`*`: the webhook's port is known only
+/// after the apiserver starts).
+fn write_admission_config(root: &std::path::Path, pki: &Pki) -> Result<std::path::PathBuf> {
+    let kubeconfig = root.join("admission-kubeconfig.yaml");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nusers:\n- name: '*'\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+        pki.admission_client_cert.display(),
+        pki.admission_client_key.display()
+    );
+    std::fs::write(&kubeconfig, text).map_err(crate::error::io("write admission kubeconfig"))?;
+    let config = root.join("admission-config.yaml");
+    let text = format!(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n\
+         - name: ValidatingAdmissionWebhook\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    \
+         kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+        kubeconfig.display()
+    );
+    std::fs::write(&config, text).map_err(crate::error::io("write admission config"))?;
+    Ok(config)
 }

@@ -65,21 +65,7 @@ pub struct GatewayClient {
 
 impl GatewayClient {
     pub fn new(cp: &ControlPlane, port: u16) -> Self {
-        crate::install_crypto_provider();
-        let mut roots = rustls::RootCertStore::empty();
-        let pem = std::fs::read(&cp.pki.ca_cert).expect("CA");
-        use rustls::pki_types::pem::PemObject;
-        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-            roots.add(cert.expect("CA pem")).expect("CA cert");
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let http = reqwest::Client::builder().tls_backend_preconfigured(tls).build().expect("client");
-        Self { http, base: format!("https://127.0.0.1:{port}") }
+        Self { http: https_client(cp, None), base: format!("https://127.0.0.1:{port}") }
     }
 
     pub async fn call(
@@ -125,6 +111,33 @@ impl GatewayClient {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
+}
+
+/// An HTTPS client that trusts only the local CA and presents `identity`
+/// (certificate and key, PEM) when given.
+pub fn https_client(cp: &ControlPlane, identity: Option<(&[u8], &[u8])>) -> reqwest::Client {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    crate::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(cp.pki.ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA pem")).expect("CA cert");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots);
+    let tls = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>().expect("cert pem");
+            builder
+                .with_client_auth_cert(certs, PrivateKeyDer::from_pem_slice(key).expect("key pem"))
+                .expect("identity")
+        }
+    };
+    reqwest::Client::builder().tls_backend_preconfigured(tls).build().expect("client")
 }
 
 /// A ServiceAccount in `namespace` allowed `verbs` on sandboxes and

@@ -1,6 +1,7 @@
 //! Certificates for the local control plane: one CA, the apiserver's serving
 //! certificate (127.0.0.1 and localhost), an admin client certificate in
-//! `system:masters`, and the service-account signing key.
+//! `system:masters`, the service-account signing key, and the apiserver's
+//! client certificate for the admission webhook (under a CA of its own).
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +21,12 @@ pub struct Pki {
     pub admin_key_pem: String,
     pub service_account_key: PathBuf,
     pub service_account_pub: PathBuf,
+    /// A CA of its own for the one client the admission webhook accepts:
+    /// the apiserver, which presents `admission_client_*` (nothing else
+    /// this CA could have issued exists).
+    pub admission_client_ca: PathBuf,
+    pub admission_client_cert: PathBuf,
+    pub admission_client_key: PathBuf,
 }
 
 /// A certificate and key issued by a CA, in PEM.
@@ -89,7 +96,12 @@ impl Pki {
         let admin = ca.client("hangar-admin", &["system:masters"])?;
         let sa = KeyPair::generate()?;
         let ca_pem = ca.cert_pem();
+        let admission_ca = LocalCa::new("hangar-admission-clients")?;
+        let admission_client = admission_ca.client("kube-apiserver-admission", &[])?;
         Ok(Self {
+            admission_client_ca: write(dir, "admission-client-ca.crt", &admission_ca.cert_pem())?,
+            admission_client_cert: write(dir, "admission-client.crt", &admission_client.cert)?,
+            admission_client_key: write(dir, "admission-client.key", &admission_client.key)?,
             ca_cert: write(dir, "ca.crt", &ca_pem)?,
             ca_pem,
             serving_cert: write(dir, "apiserver.crt", &serving.cert)?,

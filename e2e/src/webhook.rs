@@ -34,6 +34,7 @@ impl WebhookProcess {
             .env("HANGAR_WEBHOOK_LISTEN", format!("127.0.0.1:{port}"))
             .env("HANGAR_WEBHOOK_TLS_CERT", &cp.pki.serving_cert)
             .env("HANGAR_WEBHOOK_TLS_KEY", &cp.pki.serving_key)
+            .env("HANGAR_WEBHOOK_CLIENT_CA", &cp.pki.admission_client_ca)
             .env("RUST_LOG", "info");
         let mut process = ChildProcess::spawn("hangar-webhook", cmd, &cp.dir().join("webhook.log"))?;
         // Ready once its HTTPS listener is bound.

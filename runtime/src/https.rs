@@ -34,23 +34,51 @@ pub enum TlsError {
     },
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
+    #[error("client CA: {0}")]
+    ClientCa(String),
 }
 
 /// A server configuration from PEM files (certificate chain, private key).
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    fn pem(p: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + '_ {
-        move |source| TlsError::Pem { path: p.display().to_string(), source }
-    }
-    let certs =
-        CertificateDer::pem_file_iter(cert).map_err(pem(cert))?.collect::<Result<Vec<_>, _>>().map_err(pem(cert))?;
+    server_config_with_clients(cert, key, None)
+}
+
+/// As [`server_config`]; with `client_ca`, only clients presenting a
+/// certificate that CA issued complete the handshake (the admission
+/// webhook: only the apiserver may send it reviews).
+pub fn server_config_with_clients(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs = pem_certs(cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(pem(key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder = ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in pem_certs(ca)? {
+                roots.add(c)?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError::ClientCa(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+fn pem(p: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + '_ {
+    move |source| TlsError::Pem { path: p.display().to_string(), source }
+}
+
+fn pem_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    CertificateDer::pem_file_iter(path).map_err(pem(path))?.collect::<Result<Vec<_>, _>>().map_err(pem(path))
 }
 
 /// A response body.

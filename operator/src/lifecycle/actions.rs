@@ -9,11 +9,12 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::json;
 
 use super::observe::Observation;
-use hangar_runtime::kube_ext::{is_already_exists, is_not_found};
+use hangar_runtime::kube_ext::{is_already_exists, is_conflict, is_not_found};
 
 use crate::context::Context;
 use crate::ec2::instances::{InstanceView, LaunchRequest};
@@ -110,10 +111,25 @@ pub async fn execute(
         }
         Action::CancelQueuedCommands => cancel_queued_commands(ctx, s).await,
         Action::TerminateInstance => {
+            // Only the agent Pod this session made: one someone else put
+            // under its name is not ours to delete (the uid precondition
+            // holds even if the name changes hands meanwhile).
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
-            match pods.delete(&agent_pod::pod_name(s.name), &DeleteParams::default()).await {
-                Err(e) if !is_not_found(&e) => return Err(e.into()),
-                _ => {}
+            if let Some(pod) = pods.get_opt(&agent_pod::pod_name(s.name)).await?
+                && agent_pod::is_ours(&pod, s.session_id)
+            {
+                // At once: its instance is terminated next, so nothing
+                // could stop it gracefully, and a later session of the same
+                // name must not find it there.
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+                    ..Default::default()
+                };
+                match pods.delete(&agent_pod::pod_name(s.name), &dp).await {
+                    Err(e) if !is_not_found(&e) && !is_conflict(&e) => return Err(e.into()),
+                    _ => {}
+                }
             }
             // By status, and by tag: an instance launched just before a
             // crash may not be in the status yet.

@@ -32,6 +32,11 @@ struct Settings {
     /// PEM private key of the serving certificate.
     #[arg(long, env = "HANGAR_WEBHOOK_TLS_KEY", default_value = "/etc/hangar/webhook-tls/tls.key")]
     tls_key: PathBuf,
+    /// PEM CA that issued the apiserver's admission client certificate:
+    /// when set, only a client presenting one may send reviews (anything
+    /// else that can reach the port is refused at the handshake).
+    #[arg(long, env = "HANGAR_WEBHOOK_CLIENT_CA")]
+    client_ca: Option<PathBuf>,
     /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
     #[arg(long, env = "HANGAR_WEBHOOK_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
@@ -64,7 +69,11 @@ async fn main() -> ExitCode {
 
 async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
-    let config = https::server_config(&settings.tls_cert, &settings.tls_key)?;
+    let config =
+        https::server_config_with_clients(&settings.tls_cert, &settings.tls_key, settings.client_ca.as_deref())?;
+    if settings.client_ca.is_none() {
+        tracing::warn!("no client CA: any client that reaches the port can send reviews (rely on a NetworkPolicy)");
+    }
     let wh = Arc::new(Webhook {
         ledgers: commands::Ledgers::new(client.clone(), &settings.system_namespace),
         client,

@@ -1,0 +1,331 @@
+//! The hostile suite: every case is a real request, made as an attacker's
+//! identity against the local stack, and shows the attack refused or
+//! harmless, with every victim object unchanged afterwards.
+//!
+//! Attackers: a second tenant (a ServiceAccount with every right on the
+//! hangar kinds in its own namespace), a pod's ServiceAccount with no
+//! rights, any client on the network (the webhook's port), and a tenant
+//! against its own session's limits and numbering.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hangar_core::commands::ledger;
+use hangar_crds::Phase;
+use hangar_crds::{Command, CommandPhase, Sandbox};
+use hangar_e2e::commands::{self as cmds, sh, wait_command_phase};
+use hangar_e2e::gateway::{https_client, member_token};
+use hangar_e2e::operator::SYSTEM_NAMESPACE;
+use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
+use hangar_e2e::shared_stack;
+use hangar_e2e::stack::LocalStack;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("(no error code)")
+}
+
+/// The case's request was refused by the apiserver with `status`.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(case: &str, r: Result<T, kube::Error>, status: u16) {
+    match r {
+        Err(kube::Error::Api(e)) if e.code == status => {}
+        other => panic!("{case}: expected HTTP {status}, got {other:?}"),
+    }
+}
+
+/// What must not change: the Sandbox's spec, labels and annotations, each
+/// command's spec and status, and the session's ledger.
+async fn snapshot(client: &kube::Client, ns: &str, session_id: &str) -> Value {
+    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let s = boxes.get("box").await.unwrap();
+    let commands: Api<Command> = Api::namespaced(client.clone(), ns);
+    let list: BTreeMap<String, Value> = commands
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| (c.name_any(), json!({"spec": c.spec, "status": c.status})))
+        .collect();
+    let ledgers: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let ledger = ledgers.get_opt(&ledger::document_name(session_id)).await.unwrap().map(|c| c.data);
+    json!({"spec": s.spec, "labels": s.metadata.labels, "annotations": s.metadata.annotations,
+           "commands": list, "ledger": ledger})
+}
+
+/// A victim session in `ns` with one finished command; its id.
+async fn victim(stack: &LocalStack, ns: &str) -> (kube::Client, String) {
+    let (_, api, s) = sessions::running_box(stack, ns).await;
+    cmds::create(&api, &sh("done", "box", "echo victim-output")).await;
+    wait_command_phase(stack, &api, "done", CommandPhase::Exited).await;
+    (stack.cp.client().await.unwrap(), s.uid().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_and_a_pod_reach_nothing_of_a_session() {
+    let stack = shared_stack();
+    let (admin, sid) = victim(stack, "iso-victim").await;
+    let before = snapshot(&admin, "iso-victim", &sid).await;
+    ensure_namespace(&admin, "iso-mallory").await;
+    let mallory_token = member_token(&stack.cp, "iso-mallory", "mallory", "*");
+    let pod_token = member_token(&stack.cp, "iso-mallory", "some-pod", "");
+    let mallory = stack.cp.client_as(&mallory_token).await.unwrap();
+
+    // The Kubernetes API, as the other tenant.
+    let boxes: Api<Sandbox> = Api::namespaced(mallory.clone(), "iso-victim");
+    refused("get the victim's Sandbox", boxes.get("box").await, 403);
+    refused(
+        "end the victim's session",
+        boxes.patch("box", &PatchParams::default(), &Patch::Merge(json!({"spec": {"state": "Ended"}}))).await,
+        403,
+    );
+    let theirs: Api<Command> = Api::namespaced(mallory.clone(), "iso-victim");
+    refused("list the victim's commands (argv, env)", theirs.list(&ListParams::default()).await, 403);
+    refused("send the victim a command", theirs.create(&PostParams::default(), &sh("x", "box", "id")).await, 403);
+    let status = json!({"status": {"phase": "queued"}});
+    refused(
+        "rewrite a victim command's status",
+        theirs.patch_status("done", &PatchParams::default(), &Patch::Merge(&status)).await,
+        403,
+    );
+    // A command in its own namespace naming the victim's Sandbox: sessions
+    // are looked up in the command's own namespace only.
+    let own: Api<Command> = Api::namespaced(mallory.clone(), "iso-mallory");
+    let err = own.create(&PostParams::default(), &sh("reach", "box", "id")).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(e) if e.code == 404 && e.message.contains("sandbox_not_found")),
+        "a command for a Sandbox of another namespace: {err}"
+    );
+    let ledgers: Api<ConfigMap> = Api::namespaced(mallory.clone(), SYSTEM_NAMESPACE);
+    refused("read the victim's command ledger", ledgers.get(&ledger::document_name(&sid)).await, 403);
+    let reset = ConfigMap {
+        metadata: kube::api::ObjectMeta { name: Some(ledger::document_name(&sid)), ..Default::default() },
+        ..Default::default()
+    };
+    refused(
+        "reset the victim's command ledger",
+        ledgers.replace(&ledger::document_name(&sid), &PostParams::default(), &reset).await,
+        403,
+    );
+    refused(
+        "delete the victim's command ledger",
+        ledgers.delete(&ledger::document_name(&sid), &DeleteParams::default()).await,
+        403,
+    );
+    let secrets: Api<Secret> = Api::namespaced(mallory.clone(), SYSTEM_NAMESPACE);
+    refused("read the organisation key", secrets.get("hangar-org-key").await, 403);
+    refused("list the session and output keys", secrets.list(&ListParams::default()).await, 403);
+    let pods: Api<Pod> = Api::namespaced(mallory.clone(), "iso-victim");
+    refused("read the victim's agent Pod", pods.list(&ListParams::default()).await, 403);
+
+    // The gateway, as the other tenant and as a pod: the session is as
+    // absent as one that never existed, on every route.
+    let gw = stack.gateway_client();
+    gw.wait_known(&sid, &member_token(&stack.cp, "iso-victim", "owner", "get,list")).await;
+    let absent = "00000000-0000-0000-0000-000000000000";
+    let cid = "done";
+    for token in [&mallory_token, &pod_token] {
+        for (method, route, body) in [
+            ("GET", format!("/v1/sandboxes/{sid}"), None),
+            ("GET", format!("/v1/sandboxes/{sid}/attach"), None),
+            ("GET", format!("/v1/sandboxes/{sid}/commands"), None),
+            ("POST", format!("/v1/sandboxes/{sid}/commands"), Some(json!({"argv": ["id"]}))),
+            ("GET", format!("/v1/sandboxes/{sid}/commands/{cid}/output?after=0"), None),
+            ("POST", format!("/v1/sandboxes/{sid}/commands/{cid}/cancel"), None),
+        ] {
+            let (st, hidden) = gw.call(method, &route, Some(token), body.as_ref(), &[]).await;
+            let (_, never) = gw.call(method, &route.replace(&sid, absent), Some(token), body.as_ref(), &[]).await;
+            assert_eq!((st, code(&hidden)), (404, "sandbox_not_found"), "{method} {route}: {hidden}");
+            assert_eq!(hidden.to_string().replace(&sid, absent), never.to_string(), "{method} {route}: same as absent");
+            assert!(!hidden.to_string().contains("iso-victim"), "{method} {route} names the namespace: {hidden}");
+        }
+    }
+    let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}"), "forged.jwt.token").await;
+    assert_eq!((st, code(&body)), (401, "token_invalid"), "{body}");
+
+    assert_eq!(snapshot(&admin, "iso-victim", &sid).await, before, "the victim's objects are unchanged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_takes_reviews_only_from_the_apiserver() {
+    let stack = shared_stack();
+    let (admin, sid) = victim(stack, "iso-webhook").await;
+    let before = snapshot(&admin, "iso-webhook", &sid).await;
+    let url = format!("https://127.0.0.1:{}/validate/commands", stack.webhook.port);
+    // A forged review of a create for the victim's session: if it were
+    // decided, a place would be reserved in the victim's ledger.
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged", "operation": "CREATE", "userInfo": {"username": "mallory"},
+            "name": "forged", "namespace": "iso-webhook",
+            "kind": {"group": "hangar.dev", "version": "v1alpha1", "kind": "Command"},
+            "resource": {"group": "hangar.dev", "version": "v1alpha1", "resource": "commands"},
+            "object": {"apiVersion": "hangar.dev/v1alpha1", "kind": "Command",
+                       "metadata": {"name": "forged", "namespace": "iso-webhook", "uid": "forged-uid"},
+                       "spec": {"sandbox": "box", "argv": ["true"]}},
+        }
+    });
+    // Any pod on the network: no client certificate.
+    let anyone = https_client(&stack.cp, None);
+    let r = anyone.post(&url).json(&review).send().await;
+    assert!(r.is_err(), "a review without the apiserver's certificate is refused at the handshake: {r:?}");
+    // A certificate from another CA (self-made).
+    let ca = hangar_e2e::pki::LocalCa::new("mallory-ca").unwrap();
+    let fake = ca.client("kube-apiserver-admission", &[]).unwrap();
+    let impostor = https_client(&stack.cp, Some((fake.cert.as_bytes(), fake.key.as_bytes())));
+    let r = impostor.post(&url).json(&review).send().await;
+    assert!(r.is_err(), "a certificate the admission CA did not issue is refused: {r:?}");
+    // Even the apiserver's own client cannot send an unbounded body.
+    let pki = &stack.cp.pki;
+    let (cert, key) =
+        (std::fs::read(&pki.admission_client_cert).unwrap(), std::fs::read(&pki.admission_client_key).unwrap());
+    let apiserver = https_client(&stack.cp, Some((&cert, &key)));
+    let huge = vec![b' '; 8 << 20];
+    let r = apiserver.post(&url).header("content-type", "application/json").body(huge).send().await;
+    assert!(r.map(|r| r.status().as_u16()).unwrap_or(413) == 413, "an 8 MiB body is refused");
+    assert_eq!(snapshot(&admin, "iso-webhook", &sid).await, before, "the victim's ledger is unchanged");
+}
+
+/// Commands that wait for a file in the workspace, so the test decides
+/// when they end.
+fn gated(name: &str) -> Command {
+    sh(name, "box", "while [ ! -e gate ]; do sleep 0.05; done")
+}
+
+fn number(c: &Command) -> i64 {
+    c.status.as_ref().and_then(|s| s.number).unwrap_or_else(|| panic!("{} has no number", c.name_any()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_can_neither_stretch_nor_lock_its_sessions_limits() {
+    let stack = shared_stack();
+    let ns = "iso-limits";
+    let (_, api, s) = sessions::running_box(stack, ns).await;
+    let sid = s.uid().unwrap();
+    let workspace = stack.sim.volume_dir(s.status.as_ref().unwrap().volume_id.as_ref().unwrap());
+    let limit = |r: Result<Command, kube::Error>, case: &str| match r {
+        Err(kube::Error::Api(e)) if e.code == 409 && e.message.contains("sandbox_command_limit") => {}
+        other => panic!("{case}: expected sandbox_command_limit, got {other:?}"),
+    };
+
+    // 62 unfinished: a create of an existing name, five times, and five
+    // replays of one Idempotency-Key take no place.
+    let first: Vec<Command> = (1..=62).map(|i| gated(&format!("g{i:02}"))).collect();
+    futures::future::join_all(first.iter().map(|c| cmds::create(&api, c))).await;
+    for _ in 0..5 {
+        refused("create of an existing name", api.create(&PostParams::default(), &gated("g01")).await, 409);
+    }
+    let gw = stack.gateway_client();
+    let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");
+    gw.wait_known(&sid, &member).await;
+    let path = format!("/v1/sandboxes/{sid}/commands");
+    let body = json!({"argv": ["sh", "-c", "while [ ! -e gate ]; do sleep 0.05; done"]});
+    let key = [("Idempotency-Key", "once")];
+    let (st, sent) = gw.call("POST", &path, Some(&member), Some(&body), &key).await;
+    assert_eq!(st, 201, "{sent}");
+    for _ in 0..5 {
+        let (st, again) = gw.call("POST", &path, Some(&member), Some(&body), &key).await;
+        assert_eq!((st, &again["id"]), (200, &sent["id"]), "replay");
+    }
+    // So the 64th unfinished is admitted, and the 65th is not.
+    cmds::create(&api, &gated("g64")).await;
+    limit(api.create(&PostParams::default(), &gated("g65")).await, "the 65th unfinished");
+
+    // Deleting unfinished commands frees their places (they can no longer
+    // run) and never locks the session.
+    for i in 1..=4 {
+        api.delete(&format!("g{i:02}"), &DeleteParams::default()).await.unwrap();
+    }
+    cmds::create(&api, &gated("after-delete")).await;
+    std::fs::write(workspace.join("gate"), b"").unwrap();
+    let after = wait_command_phase(stack, &api, "after-delete", CommandPhase::Exited).await;
+    // Numbers never repeat: the deleted commands' numbers stay given.
+    let highest = api.list(&ListParams::default()).await.unwrap().items.iter().map(number).max().unwrap();
+    assert_eq!(number(&after), highest, "numbered after every earlier one");
+    assert_eq!(number(&after), 65, "63 commands, a replayed one and this: the deleted numbers are not reused");
+    // Delete every finished command, the highest included: the next one
+    // still gets a fresh number.
+    for c in api.list(&ListParams::default()).await.unwrap().items {
+        api.delete(&c.name_any(), &DeleteParams::default()).await.unwrap();
+    }
+    cmds::create(&api, &sh("fresh", "box", "true")).await;
+    let fresh = wait_command_phase(stack, &api, "fresh", CommandPhase::Exited).await;
+    assert_eq!(number(&fresh), 66, "a deleted command's number is never given again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_sandbox_never_sees_the_old_sessions_commands() {
+    let stack = shared_stack();
+    let ns = "iso-recreate";
+    let (boxes, api, old) = sessions::running_box(stack, ns).await;
+    cmds::create(&api, &sh("old", "box", "echo old-session")).await;
+    let old_cmd = wait_command_phase(stack, &api, "old", CommandPhase::Exited).await;
+    assert_eq!(old_cmd.status.as_ref().unwrap().sandbox_uid, old.uid());
+    boxes.delete("box", &DeleteParams::default()).await.unwrap();
+    let deadline = std::time::Instant::now() + sessions::DEADLINE;
+    while boxes.get_opt("box").await.unwrap().is_some() {
+        assert!(std::time::Instant::now() < deadline, "the old Sandbox was not deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
+    let new = wait_phase(stack, &boxes, "box", Phase::Running).await;
+    assert_ne!(new.uid(), old.uid());
+    let sid = new.uid().unwrap();
+    // The gateway lists none of the old session's commands, and does not
+    // give one by name.
+    let gw = stack.gateway_client();
+    let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");
+    gw.wait_known(&sid, &member).await;
+    let (st, list) = gw.get(&format!("/v1/sandboxes/{sid}/commands"), &member).await;
+    assert_eq!(st, 200, "{list}");
+    assert_eq!(list["commands"].as_array().map(Vec::len), Some(0), "the old command is not this session's: {list}");
+    let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}/commands/old/output?after=0"), &member).await;
+    assert_eq!((st, code(&body)), (404, "sandbox_not_found"), "{body}");
+    // The new session numbers from 1, and the old command is untouched.
+    cmds::create(&api, &sh("new", "box", "true")).await;
+    let first = wait_command_phase(stack, &api, "new", CommandPhase::Exited).await;
+    assert_eq!(number(&first), 1);
+    assert_eq!(first.status.as_ref().unwrap().sandbox_uid.as_deref(), Some(sid.as_str()));
+    assert_eq!(api.get("old").await.unwrap().status, old_cmd.status);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_under_the_agent_pods_name_is_neither_adopted_nor_deleted() {
+    let stack = shared_stack();
+    let ns = "iso-agent-pod";
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let decoy: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "hangar-agent-box"},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/decoy@sha256:00"}]},
+    }))
+    .unwrap();
+    let decoy = pods.create(&PostParams::default(), &decoy).await.unwrap();
+    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
+    // The operator says why the session waits...
+    let deadline = std::time::Instant::now() + sessions::DEADLINE;
+    while !stack.operator().log_tail(5000).contains("a Pod hangar did not create holds the agent Pod's name") {
+        assert!(std::time::Instant::now() < deadline, "no word of the foreign Pod");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ...never takes the Pod for its own, and never runs the session on it.
+    let s = boxes.get("box").await.unwrap();
+    assert_ne!(sessions::phase(&s), Some(Phase::Running));
+    let now = pods.get("hangar-agent-box").await.unwrap();
+    assert_eq!((now.uid(), now.metadata.owner_references.clone()), (decoy.uid(), None));
+    // Ending the session does not delete it either.
+    sessions::set_state(&boxes, "box", "Ended").await.unwrap();
+    sessions::wait_for(stack, &boxes, "box", "ended", |s| {
+        matches!(sessions::phase(s), Some(Phase::Ended | Phase::Failed))
+    })
+    .await;
+    assert_eq!(pods.get("hangar-agent-box").await.unwrap().uid(), decoy.uid(), "not ours to delete");
+}
