@@ -119,6 +119,11 @@ pub struct CommandStatus {
     /// name. Written once, with the number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_uid: Option<String>,
+    /// The node the session runs on, stamped by the operator: only the
+    /// worker on this node may write this status (an admission policy on
+    /// the worker's node-bound identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

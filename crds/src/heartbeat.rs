@@ -2,10 +2,17 @@
 //! worker reports to the operator (renewals, which attempt it serves, and
 //! that it closed the workspace for a pause). Both sides use these names.
 
-/// The Lease of a session, in the operator's namespace.
-pub fn lease_name(session_id: &str) -> String {
-    format!("hangar-session-{session_id}")
+/// The heartbeat Lease of the worker on node `node_name`, in the
+/// operator's namespace. Named by node, not by session: a worker's identity
+/// carries its node's name, and the admission policy lets it write this
+/// Lease only, so no node can renew, fake or close another session's.
+pub fn lease_name(node_name: &str) -> String {
+    format!("hangar-node-{node_name}")
 }
+
+/// The session the worker serves (the operator trusts a Lease only for
+/// the session running on that node, and only if this names it).
+pub const SESSION_ID: &str = "hangar.dev/session-id";
 
 /// Which attempt the worker holding the Lease serves.
 pub const ATTEMPT: &str = "hangar.dev/attempt";

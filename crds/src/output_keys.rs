@@ -6,9 +6,17 @@
 //! attempt) and deletes the hand-off. That Secret outlives the session by
 //! `outputRetentionDays`; deleting it erases the output.
 
-/// The worker's hand-off of one attempt's key, in the operator's namespace.
-pub fn handoff_secret_name(session_id: &str, attempt: i64) -> String {
-    format!("hangar-output-key-{session_id}-{attempt}")
+/// The prefix of every hand-off made on node `node_name`: the admission
+/// policy lets a worker create Secrets under its own node's prefix only.
+pub fn handoff_prefix(node_name: &str) -> String {
+    format!("hangar-output-key.{node_name}.")
+}
+
+/// The worker's hand-off of one attempt's key, in the operator's namespace,
+/// named by the node it was made on, so the operator takes a session's key
+/// only from the session's own node.
+pub fn handoff_secret_name(node_name: &str, session_id: &str, attempt: i64) -> String {
+    format!("{}{session_id}-{attempt}", handoff_prefix(node_name))
 }
 
 /// The session's sealed output keys, in the operator's namespace.

@@ -146,7 +146,7 @@ pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str)
     let run = |args: &[&str]| {
         let out = cp.kubectl().args(args).output().expect("kubectl");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() || err.contains("AlreadyExists"), "kubectl {args:?}: {err}");
+        assert!(out.status.success() || err.to_lowercase().contains("already exists"), "kubectl {args:?}: {err}");
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     run(&["create", "serviceaccount", name, "-n", namespace]);

@@ -129,7 +129,7 @@ impl NodeSimulator {
     }
 }
 
-type TickResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type TickResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 async fn tick(
     client: &kube::Client,
@@ -173,7 +173,8 @@ async fn tick(
                 if node.worker.is_none()
                     && let Some(volume) = attached_volume(ec2, id).await?
                 {
-                    node.worker = Some(start_worker(cfg, &node.name, &volume)?);
+                    let kubeconfig = worker_identity(client, cfg, &node.name).await?;
+                    node.worker = Some(start_worker(cfg, &node.name, &volume, &kubeconfig)?);
                     node.volume = Some(volume);
                 }
             }
@@ -287,7 +288,12 @@ async fn attached_volume(ec2: &aws_sdk_ec2::Client, instance_id: &str) -> Result
     Ok(out.volumes().first().and_then(|v| v.volume_id()).map(str::to_owned))
 }
 
-fn start_worker(cfg: &SimConfig, node: &str, volume_id: &str) -> crate::Result<ChildProcess> {
+fn start_worker(
+    cfg: &SimConfig,
+    node: &str,
+    volume_id: &str,
+    kubeconfig: &std::path::Path,
+) -> crate::Result<ChildProcess> {
     let dir = cfg.volumes_dir.join(volume_id);
     std::fs::create_dir_all(&dir).map_err(crate::error::io("volume dir"))?;
     let node_dir = cfg.nodes_dir.join(node);
@@ -301,7 +307,7 @@ fn start_worker(cfg: &SimConfig, node: &str, volume_id: &str) -> crate::Result<C
         .env("HANGAR_SPOOL_DIR", node_dir.join("spool"))
         .env("HANGAR_SUPERVISOR_SOCKET", node_dir.join("run/supervisor.sock"))
         .env("HANGAR_OUTPUT_STORE", &cfg.output_dir)
-        .env("KUBECONFIG", &cfg.kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env("HANGAR_SYSTEM_NAMESPACE", &cfg.system_namespace)
         .env("HANGAR_WORKSPACE_DIR", &dir)
         .env("HANGAR_HEARTBEAT_MS", cfg.heartbeat_ms.to_string())
@@ -311,6 +317,59 @@ fn start_worker(cfg: &SimConfig, node: &str, volume_id: &str) -> crate::Result<C
     write_pid(cfg, node, "worker", child.id());
     Ok(child)
 }
+
+/// The worker's identity, as its DaemonSet Pod gets it in a real cluster:
+/// the chart's worker ServiceAccount, with a token bound to a Pod on this
+/// node, so the token names the node
+/// (`authentication.kubernetes.io/node-name`) and the chart's node
+/// restriction policy holds the worker to its own node's objects. The Pod
+/// object stands for the DaemonSet's (no kubelet runs it); the token is
+/// valid while it exists. Returns the worker's kubeconfig.
+pub async fn worker_identity(client: &kube::Client, cfg: &SimConfig, node: &str) -> TickResult<PathBuf> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &cfg.system_namespace);
+    let pod_name = format!("{WORKER_SERVICE_ACCOUNT}-{node}");
+    let pod = match pods.get_opt(&pod_name).await? {
+        Some(p) => p,
+        None => {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/component": "worker"}},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": WORKER_SERVICE_ACCOUNT,
+                    "automountServiceAccountToken": false,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "worker", "image": "hangar/worker:simulated"}],
+                },
+            }))?;
+            pods.create(&PostParams::default(), &pod).await?
+        }
+    };
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &cfg.system_namespace);
+    // As long as a test or `make up` might run; a restarted worker gets a
+    // fresh one.
+    let request: TokenRequest = serde_json::from_value(json!({
+        "spec": {
+            "expirationSeconds": 48 * 3600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid},
+        },
+    }))?;
+    let issued = sas.create_token_request(WORKER_SERVICE_ACCOUNT, &PostParams::default(), &request).await?;
+    let token: String = issued.status.and_then(|s| s.token).ok_or("no token issued")?;
+    let mut kc = kube::config::Kubeconfig::read_from(&cfg.kubeconfig)?;
+    for user in &mut kc.auth_infos {
+        user.auth_info =
+            Some(kube::config::AuthInfo { token: Some(token.clone().into_boxed_str().into()), ..Default::default() });
+    }
+    let path = cfg.nodes_dir.join(node).join("worker-kubeconfig.yaml");
+    std::fs::create_dir_all(cfg.nodes_dir.join(node))?;
+    std::fs::write(&path, serde_yaml::to_string(&kc)?)?;
+    Ok(path)
+}
+
+/// The chart's worker ServiceAccount (release `hangar`).
+pub const WORKER_SERVICE_ACCOUNT: &str = "hangar-worker";
 
 /// Starts the agent container's entrypoint as the kubelet would, with the
 /// Pod's arguments, the socket and workspace mapped to the node's dirs.

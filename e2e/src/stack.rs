@@ -43,6 +43,7 @@ impl LocalStack {
         if !status.status.success() && !String::from_utf8_lossy(&status.stderr).contains("AlreadyExists") {
             tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
         }
+        apply_chart_parts(&cp, &WORKER_IDENTITY)?;
         let webhook = WebhookProcess::start(&cp)?;
         webhook.register(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -97,4 +98,38 @@ pub fn shared_stack() -> &'static LocalStack {
         let cp = ControlPlane::start().unwrap_or_else(|e| panic!("control plane: {e}"));
         LocalStack::start(cp, StackOptions::default()).unwrap_or_else(|e| panic!("local stack: {e}"))
     })
+}
+
+/// The chart's templates that give the simulated workers the identity they
+/// have in a real cluster: the ServiceAccounts, the worker's RBAC and its
+/// node restriction policy.
+pub const WORKER_IDENTITY: [&str; 3] =
+    ["templates/serviceaccounts.yaml", "templates/rbac-worker.yaml", "templates/worker-node-restriction.yaml"];
+
+/// Renders `templates` of the chart (release `hangar` in the system
+/// namespace) and applies them, so the local stack runs on the chart's
+/// own objects rather than a copy.
+pub fn apply_chart_parts(cp: &ControlPlane, templates: &[&str]) -> Result<()> {
+    let chart = crate::paths::repo_root().join("charts/hangar");
+    let mut helm = cp.helm()?;
+    helm.args(["template", "hangar"]).arg(&chart).args(["-n", SYSTEM_NAMESPACE]);
+    for t in templates {
+        helm.args(["--show-only", t]);
+    }
+    let rendered = helm.output().map_err(crate::error::io("helm template"))?;
+    let fail = |what: &str, out: &std::process::Output| crate::error::HarnessError::NotReady {
+        what: what.into(),
+        seconds: 0,
+        log_tail: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    if !rendered.status.success() {
+        return Err(fail("helm template of the chart's worker identity", &rendered));
+    }
+    let path = cp.dir().join("chart-parts.yaml");
+    std::fs::write(&path, &rendered.stdout).map_err(crate::error::io("write chart parts"))?;
+    let applied = cp.kubectl().args(["apply", "-f"]).arg(&path).output().map_err(crate::error::io("kubectl apply"))?;
+    if !applied.status.success() {
+        return Err(fail("kubectl apply of the chart's worker identity", &applied));
+    }
+    Ok(())
 }

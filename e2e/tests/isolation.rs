@@ -329,3 +329,160 @@ async fn a_pod_under_the_agent_pods_name_is_neither_adopted_nor_deleted() {
     .await;
     assert_eq!(pods.get("hangar-agent-box").await.unwrap().uid(), decoy.uid(), "not ours to delete");
 }
+
+/// The case's write was refused: by the worker node restriction policy
+/// (named `RBAC:` cases by RBAC, which grants the worker no such verb).
+#[track_caller]
+fn policy<T: std::fmt::Debug>(case: &str, r: Result<T, kube::Error>) {
+    match r {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+            let by_rbac = e.message.contains("is forbidden: User");
+            assert_eq!(by_rbac, case.starts_with("RBAC:"), "{case}: refused by the wrong control: {}", e.message);
+        }
+        other => panic!("{case}: expected a refusal, got {other:?}"),
+    }
+}
+
+/// The worker of session B's node, as a compromised node would hold it:
+/// the kubeconfig the node simulator gave it (the chart's worker
+/// ServiceAccount, a token bound to its Pod on that node).
+async fn worker_of(stack: &LocalStack, session: &Sandbox) -> (kube::Client, String) {
+    let node = session.status.as_ref().and_then(|s| s.node_name.clone()).expect("a running session has a node");
+    let kubeconfig = stack.sim.nodes_dir.join(&node).join("worker-kubeconfig.yaml");
+    (hangar_e2e::control_plane::client_from(&kubeconfig).await.unwrap(), node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compromised_worker_writes_nothing_of_another_session() {
+    use hangar_crds::{heartbeat, output_keys};
+    use k8s_openapi::api::coordination::v1::Lease;
+    let stack = shared_stack();
+    let (admin, sid) = victim(stack, "iso-node-a").await;
+    let victim_box: Sandbox = Api::namespaced(admin.clone(), "iso-node-a").get("box").await.unwrap();
+    let victim_node = victim_box.status.as_ref().unwrap().node_name.clone().unwrap();
+    // A running command of the victim's, for the worker to try to end.
+    let victim_cmds: Api<Command> = Api::namespaced(admin.clone(), "iso-node-a");
+    cmds::create(&victim_cmds, &sh("long", "box", "exec sleep 300")).await;
+    wait_command_phase(stack, &victim_cmds, "long", CommandPhase::Running).await;
+    let before = snapshot(&admin, "iso-node-a", &sid).await;
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let victim_lease = leases.get(&heartbeat::lease_name(&victim_node)).await.unwrap();
+
+    let (_, own_cmds, attacker_box) = sessions::running_box(stack, "iso-node-b").await;
+    let (worker, own_node) = worker_of(stack, &attacker_box).await;
+
+    // Heartbeats: another node's Lease, renewed, closed, deleted; the
+    // operator's leader Lease.
+    let w_leases: Api<Lease> = Api::namespaced(worker.clone(), SYSTEM_NAMESPACE);
+    let renew = json!({"spec": {"renewTime": "2030-01-01T00:00:00.000000Z"}});
+    policy(
+        "renew the victim's heartbeat",
+        w_leases.patch(&victim_lease.name_any(), &PatchParams::default(), &Patch::Merge(&renew)).await,
+    );
+    let close = json!({"metadata": {"annotations": {heartbeat::WORKSPACE_CLOSED: "1"}}});
+    policy(
+        "report the victim's workspace closed",
+        w_leases.patch(&victim_lease.name_any(), &PatchParams::default(), &Patch::Merge(&close)).await,
+    );
+    let fake: Lease = serde_json::from_value(json!({"metadata": {"name": "hangar-operator-leader"},
+        "spec": {"holderIdentity": "mallory", "leaseDurationSeconds": 3600}}))
+    .unwrap();
+    policy("take the operator's leader Lease", w_leases.create(&PostParams::default(), &fake).await);
+    // (This stack runs one operator without election; one elected would
+    // hold this Lease.)
+    let _ = leases.create(&PostParams::default(), &fake).await;
+    let take = json!({"spec": {"holderIdentity": "mallory"}});
+    policy(
+        "rewrite the operator's leader Lease",
+        w_leases.patch("hangar-operator-leader", &PatchParams::default(), &Patch::Merge(&take)).await,
+    );
+    policy(
+        "RBAC: delete the victim's heartbeat",
+        w_leases.delete(&victim_lease.name_any(), &DeleteParams::default()).await,
+    );
+
+    // Keys: no Secret the operator trusts can be made ahead of it.
+    let w_secrets: Api<Secret> = Api::namespaced(worker.clone(), SYSTEM_NAMESPACE);
+    let secret = |name: String| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"key": "AAAA"}})).unwrap()
+    };
+    let later = "11111111-2222-3333-4444-555555555555";
+    policy(
+        "pre-create a session key",
+        w_secrets.create(&PostParams::default(), &secret(format!("hangar-session-key-{later}"))).await,
+    );
+    policy(
+        "pre-create sealed output keys",
+        w_secrets.create(&PostParams::default(), &secret(output_keys::sealed_secret_name(later))).await,
+    );
+    policy(
+        "hand in a key for the victim's node",
+        w_secrets
+            .create(&PostParams::default(), &secret(output_keys::handoff_secret_name(&victim_node, &sid, 2)))
+            .await,
+    );
+    policy(
+        "hand in a key under its own prefix with a forged suffix",
+        w_secrets
+            .create(
+                &PostParams::default(),
+                &secret(format!("{}x.{victim_node}", output_keys::handoff_prefix(&own_node))),
+            )
+            .await,
+    );
+    policy("RBAC: read the organisation key", w_secrets.get("hangar-org-key").await);
+    policy("RBAC: read a hand-off back", w_secrets.list(&ListParams::default()).await);
+
+    // Commands: the victim's status, and moving its own to the victim's node.
+    let w_victim_cmds: Api<Command> = Api::namespaced(worker.clone(), "iso-node-a");
+    let end = json!({"status": {"phase": "exited", "exitCode": 0}});
+    policy(
+        "end the victim's running command",
+        w_victim_cmds.patch_status("long", &PatchParams::default(), &Patch::Merge(&end)).await,
+    );
+    cmds::create(&own_cmds, &sh("mine", "box", "exec sleep 300")).await;
+    wait_command_phase(stack, &own_cmds, "mine", CommandPhase::Running).await;
+    let w_own_cmds: Api<Command> = Api::namespaced(worker.clone(), "iso-node-b");
+    let restamp = json!({"status": {"nodeName": victim_node}});
+    policy(
+        "move its own command to the victim's node",
+        w_own_cmds.patch_status("mine", &PatchParams::default(), &Patch::Merge(&restamp)).await,
+    );
+    policy("RBAC: create a command", w_victim_cmds.create(&PostParams::default(), &sh("x", "box", "id")).await);
+    let boxes: Api<Sandbox> = Api::namespaced(worker.clone(), "iso-node-a");
+    let ended = json!({"status": {"phase": "ended"}});
+    policy(
+        "RBAC: end the victim's session",
+        boxes.patch_status("box", &PatchParams::default(), &Patch::Merge(&ended)).await,
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(worker.clone());
+    let relabel = json!({"metadata": {"labels": {"hangar.dev/session": "box"}}});
+    policy(
+        "RBAC: relabel its node for another session",
+        nodes.patch(&own_node, &PatchParams::default(), &Patch::Merge(&relabel)).await,
+    );
+
+    // A worker token not bound to a Pod names no node: it writes nothing,
+    // not even what a worker may.
+    let unbound = member_token(&stack.cp, SYSTEM_NAMESPACE, hangar_e2e::node_sim::WORKER_SERVICE_ACCOUNT, "");
+    let unbound = stack.cp.client_as(&unbound).await.unwrap();
+    let u_leases: Api<Lease> = Api::namespaced(unbound, SYSTEM_NAMESPACE);
+    policy(
+        "an unbound worker token renews its own node's Lease",
+        u_leases.patch(&heartbeat::lease_name(&own_node), &PatchParams::default(), &Patch::Merge(&renew)).await,
+    );
+
+    // The worker's own writes still pass, and the victim is as it was.
+    let mine = json!({"spec": {"renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+    w_leases
+        .patch(&heartbeat::lease_name(&own_node), &PatchParams::default(), &Patch::Merge(&mine))
+        .await
+        .expect("its own heartbeat");
+    assert_eq!(snapshot(&admin, "iso-node-a", &sid).await, before, "the victim's objects are unchanged");
+    let lease_now = leases.get(&heartbeat::lease_name(&victim_node)).await.unwrap();
+    assert_eq!(
+        lease_now.metadata.annotations, victim_lease.metadata.annotations,
+        "the victim's heartbeat says what its worker said"
+    );
+    assert_eq!(cmds::phase(&victim_cmds.get("long").await.unwrap()), Some(CommandPhase::Running));
+}

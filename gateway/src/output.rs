@@ -23,6 +23,14 @@ use crate::error::ApiError;
 /// `next`): bounded memory per request, whatever the command wrote.
 pub const MAX_RESPONSE_BYTES: u64 = 8 << 20;
 
+/// Whose output: the session's id, and the node its worker runs on (whose
+/// hand-offs alone are its keys).
+#[derive(Clone, Copy, Debug)]
+pub struct Of<'a> {
+    pub id: &'a str,
+    pub node: Option<&'a str>,
+}
+
 pub struct OutputReader {
     pub store: OutputStore,
     secrets: Api<Secret>,
@@ -41,7 +49,8 @@ impl OutputReader {
     /// sealed entry, else the worker's hand-off not sealed yet. Read twice,
     /// since the operator may seal a hand-off (and delete it) between the
     /// two reads. `None`: no key exists (destroyed, or never made).
-    async fn fetch_key(&self, session_id: &str, attempt: u32) -> Result<Option<[u8; 32]>, ApiError> {
+    async fn fetch_key(&self, session: Of<'_>, attempt: u32) -> Result<Option<[u8; 32]>, ApiError> {
+        let session_id = session.id;
         let a = i64::from(attempt);
         for _ in 0..2 {
             let sealed = self.secrets.get_opt(&output_keys::sealed_secret_name(session_id)).await?;
@@ -52,10 +61,13 @@ impl OutputReader {
                         .unseal(&v.0, &output_keys::seal_context(session_id, a))
                         .map_err(|e| ApiError::internal(format!("output key of attempt {a}: {e}")))?,
                 ),
-                None => {
-                    let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(session_id, a)).await?;
+                // Not sealed yet: the hand-off from the session's own node.
+                None if session.node.is_some() => {
+                    let node = session.node.unwrap_or_default();
+                    let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(node, session_id, a)).await?;
                     handoff.and_then(|s| s.data).and_then(|d| d.get(output_keys::HANDOFF_KEY).cloned()).map(|k| k.0)
                 }
+                None => None,
             };
             if let Some(k) = key.and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok()) {
                 self.keys
@@ -78,7 +90,8 @@ impl OutputReader {
     /// The chunks past `after`; 410 once the keys are destroyed. Keys are
     /// looked up only for the attempts the chunks belong to, and only when
     /// not cached: a long-poll does no Secret reads once it has them.
-    pub async fn read(&self, session_id: &str, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
+    pub async fn read(&self, session: Of<'_>, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
+        let session_id = session.id;
         let mut fetched = Vec::new();
         loop {
             let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
@@ -87,7 +100,7 @@ impl OutputReader {
                 Ok(chunks) => return Ok(chunks),
                 Err(ReadError::Erased(a)) if !fetched.contains(&a) => {
                     fetched.push(a);
-                    self.fetch_key(session_id, a).await?;
+                    self.fetch_key(session, a).await?;
                 }
                 Err(ReadError::Erased(a)) => {
                     return Err(ApiError::new(
@@ -109,7 +122,7 @@ impl OutputReader {
     /// says the command ended, or `wait` passes.
     pub async fn read_waiting<F, Fut>(
         &self,
-        session_id: &str,
+        session: Of<'_>,
         number: u32,
         after: u64,
         wait: Duration,
@@ -124,7 +137,7 @@ impl OutputReader {
             // Final first: the worker stores all output before the final
             // status, so a read after seeing it misses nothing.
             let fin = is_final().await?;
-            let chunks = self.read(session_id, number, after).await?;
+            let chunks = self.read(session, number, after).await?;
             if !chunks.is_empty() || fin || Instant::now() >= deadline {
                 return Ok((chunks, fin));
             }

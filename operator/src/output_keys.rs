@@ -19,7 +19,7 @@ use crate::error::Result;
 /// earlier attempt with no hand-off is settled too: its instance stopped,
 /// so no worker can hand its key in any more, and it is not looked for on
 /// every later reconcile.
-pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Result<()> {
+pub async fn seal_handoffs(ctx: &Context, session_id: &str, node_name: &str, attempt: i64) -> Result<()> {
     let pending: Vec<i64> = (1..=attempt).filter(|a| !ctx.is_sealed(session_id, *a)).collect();
     if pending.is_empty() {
         return Ok(());
@@ -32,7 +32,9 @@ pub async fn seal_handoffs(ctx: &Context, session_id: &str, attempt: i64) -> Res
     };
     let mut exists = sealed.is_some();
     for a in pending {
-        let handoff_name = output_keys::handoff_secret_name(session_id, a);
+        // Only from the session's own node: a hand-off named for another
+        // node was made by another session's worker.
+        let handoff_name = output_keys::handoff_secret_name(node_name, session_id, a);
         if !has(a) {
             let key =
                 secrets.get_opt(&handoff_name).await?.and_then(|h| h.data).and_then(|d| d.get(HANDOFF_KEY).cloned());

@@ -42,7 +42,7 @@ pub async fn enforce(ctx: &Context, sandbox: &Sandbox, status: &SandboxStatus) -
         let left = deadline.duration_since(now).unsigned_abs();
         return Ok(Some(left));
     }
-    erase(ctx, &session_id, status.attempt.unwrap_or(0)).await?;
+    erase(ctx, &session_id, status.node_name.as_deref(), status.attempt.unwrap_or(0)).await?;
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &sandbox.namespace().unwrap_or_default());
     let mut next = status.clone();
     next.output_erased_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
@@ -82,10 +82,12 @@ async fn mark(ctx: &Context, session_id: &str, deadline: Timestamp) -> Result<()
 }
 
 /// Destroys every output key of the session.
-async fn erase(ctx: &Context, session_id: &str, attempts: i64) -> Result<()> {
+async fn erase(ctx: &Context, session_id: &str, node_name: Option<&str>, attempts: i64) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
     let mut names = vec![output_keys::sealed_secret_name(session_id)];
-    names.extend((1..=attempts).map(|a| output_keys::handoff_secret_name(session_id, a)));
+    if let Some(node) = node_name {
+        names.extend((1..=attempts).map(|a| output_keys::handoff_secret_name(node, session_id, a)));
+    }
     for name in names {
         ignore_not_found(secrets.delete(&name, &DeleteParams::default()).await)?;
     }

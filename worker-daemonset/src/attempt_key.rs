@@ -33,11 +33,11 @@ pub enum KeyError {
 /// hand-off Secret exists (an existing one is left alone: workers cannot
 /// overwrite keys).
 pub async fn load_or_create(
-    spool_root: &Path,
+    cfg: &crate::commands::RunnerConfig,
     secrets: &Api<Secret>,
-    session_id: &str,
     attempt: i64,
 ) -> Result<[u8; 32], KeyError> {
+    let (spool_root, session_id) = (cfg.spool_root.as_path(), cfg.session_id.as_str());
     let dir = spool_root.join("keys").join(session_id);
     let path = dir.join(format!("attempt-{attempt}"));
     let file_err = |source| KeyError::File { path: path.clone(), source };
@@ -61,7 +61,7 @@ pub async fn load_or_create(
     };
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(output_keys::handoff_secret_name(session_id, attempt)),
+            name: Some(output_keys::handoff_secret_name(&cfg.node_name, session_id, attempt)),
             labels: Some(
                 [
                     (output_keys::SESSION_ID_LABEL.to_owned(), session_id.to_owned()),

@@ -170,6 +170,7 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
                 namespace: ns.clone(),
                 sandbox: name.clone(),
                 session_id: session_id.clone(),
+                node_name: config.node_name.clone(),
                 system_namespace: config.system_namespace.clone(),
                 spool_root: config.spool.clone(),
                 store: store.clone(),
@@ -212,6 +213,7 @@ async fn renew(
     let mut annotations = BTreeMap::from([
         (heartbeat::ATTEMPT.to_owned(), attempt.to_string()),
         (heartbeat::SANDBOX.to_owned(), format!("{ns}/{name}")),
+        (heartbeat::SESSION_ID.to_owned(), session_id.to_owned()),
     ]);
     if let Some((a, at)) = closed {
         annotations.insert(heartbeat::WORKSPACE_CLOSED.to_owned(), a.to_string());
@@ -219,7 +221,7 @@ async fn renew(
     }
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some(heartbeat::lease_name(session_id)),
+            name: Some(heartbeat::lease_name(node)),
             annotations: Some(annotations),
             ..Default::default()
         },
@@ -234,7 +236,7 @@ async fn renew(
     patch["apiVersion"] = json!("coordination.k8s.io/v1");
     patch["kind"] = json!("Lease");
     leases
-        .patch(&heartbeat::lease_name(session_id), &PatchParams::apply("hangar-worker").force(), &Patch::Apply(&patch))
+        .patch(&heartbeat::lease_name(node), &PatchParams::apply("hangar-worker").force(), &Patch::Apply(&patch))
         .await?;
     Ok(())
 }

@@ -111,6 +111,7 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
         // The webhook reserved a place meanwhile: read again.
         return Ok(Requeue::requeue(Duration::from_millis(20)));
     }
+    let node = session.status.as_ref().and_then(|s| s.node_name.clone());
     for c in mine.iter().filter(|c| c.status.as_ref().and_then(|s| s.number).is_none()) {
         let now = Time(Timestamp::now());
         let finished = c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final);
@@ -126,7 +127,7 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
             }),
             Some(number) => json!({
                 "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
-                "phase": "queued", "queuedAt": now,
+                "phase": "queued", "queuedAt": now, "nodeName": node,
             }),
             None if finished => continue,
             None => {
@@ -146,6 +147,25 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
         tracing::debug!(command = %c.name_any(), "numbered");
     }
     Ok(Requeue::await_change())
+}
+
+/// Stamps every unfinished command of the session with the node it runs
+/// on: the worker there may write their status, no other. Read from the
+/// watch cache; a stale copy loses its compare-and-swap and is stamped on
+/// the next pass.
+pub async fn stamp_node(ctx: &Context, sandbox: &Sandbox, node: &str) -> Result<()> {
+    let ns = sandbox.namespace().unwrap_or_default();
+    let api: Api<Command> = Api::namespaced(ctx.client.clone(), &ns);
+    for c in ctx.commands.state().iter().filter(|c| c.belongs_to(sandbox)) {
+        let status = c.status.clone().unwrap_or_default();
+        if status.number.is_none() || status.phase.is_some_and(CommandPhase::is_final) {
+            continue;
+        }
+        if status.node_name.as_deref() != Some(node) {
+            cas(&api, c, json!({"nodeName": node})).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Queued → cancelled, unless the worker started it first.

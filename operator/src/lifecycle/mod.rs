@@ -83,10 +83,16 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     if failure.is_some() && matches!(status.phase, Some(Phase::Stopping)) {
         status.phase = Some(Phase::ResetIncomplete);
     }
-    if let Some(attempt) = status.attempt {
+    if let Some(node) = status.node_name.as_deref()
+        && !matches!(status.phase, Some(Phase::Ended | Phase::Failed))
+        && let Err(e) = crate::commands::stamp_node(&ctx, &sandbox, node).await
+    {
+        warn!(error = %e, "could not stamp the commands with their node yet");
+    }
+    if let (Some(attempt), Some(node)) = (status.attempt, status.node_name.as_deref()) {
         // Best effort here; the next reconcile (heartbeats bring one every
         // few seconds) tries again.
-        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, attempt).await {
+        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt).await {
             warn!(error = %e, "could not seal an output key yet");
         }
     }

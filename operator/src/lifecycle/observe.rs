@@ -86,9 +86,16 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     let node = instance.as_ref().and_then(|i| find_node(ctx, &i.id));
     let ready = node.as_ref().and_then(ready_condition);
 
-    // The worker's Lease: fresh, and which attempt it serves.
-    let lease =
-        ctx.leases.get(&ObjectRef::new(&heartbeat::lease_name(session_id)).within(&ctx.settings.system_namespace));
+    // The worker's Lease on the session's node: fresh, for this session,
+    // and which attempt it serves.
+    let node_name = node.as_ref().and_then(|n| n.metadata.name.clone()).or_else(|| status.node_name.clone());
+    let lease = node_name
+        .as_deref()
+        .and_then(|n| ctx.leases.get(&ObjectRef::new(&heartbeat::lease_name(n)).within(&ctx.settings.system_namespace)))
+        .filter(|l| {
+            l.metadata.annotations.as_ref().and_then(|a| a.get(heartbeat::SESSION_ID)).map(String::as_str)
+                == Some(session_id)
+        });
     let stale = Duration::from_secs(ctx.settings.heartbeat_stale_seconds);
     let mut workspace_closed_at = None;
     let worker = lease.as_ref().and_then(|l| {

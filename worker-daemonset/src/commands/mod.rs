@@ -84,6 +84,8 @@ pub struct RunnerConfig {
     pub namespace: String,
     pub sandbox: String,
     pub session_id: String,
+    /// The node this worker runs on (its hand-offs are named by it).
+    pub node_name: String,
     pub system_namespace: String,
     /// Node-local disk: output spool, attempt keys, hand-over journal.
     pub spool_root: PathBuf,
@@ -434,9 +436,7 @@ impl Runner {
             }
         }
         if self.key.is_none() {
-            let key =
-                attempt_key::load_or_create(&self.cfg.spool_root, &self.secrets, &self.cfg.session_id, self.attempt)
-                    .await?;
+            let key = attempt_key::load_or_create(&self.cfg, &self.secrets, self.attempt).await?;
             attempt_key::forget_earlier(&self.cfg.spool_root, &self.cfg.session_id, self.attempt);
             self.key = Some(key);
         }
