@@ -189,6 +189,46 @@ fn namespaced_install_keeps_namespaced_rights_in_those_namespaces() {
     }
 }
 
+#[test]
+fn network_policies_close_the_webhook_and_the_admin_ports() {
+    let docs = render(&["--set", "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/28"]);
+    let webhook = find(&docs, "NetworkPolicy", "hangar-webhook", Some("hangar-system")).expect("webhook policy");
+    let rules = webhook["spec"]["ingress"].as_sequence().unwrap();
+    let port = |r: &serde_yaml::Value| r["ports"][0]["port"].as_u64();
+    let https = rules.iter().find(|r| port(r) == Some(8443)).unwrap();
+    assert_eq!(
+        https["from"][0]["ipBlock"]["cidr"].as_str(),
+        Some("10.0.0.0/28"),
+        "reviews from the control plane only"
+    );
+    let admin = rules.iter().find(|r| port(r) == Some(9090)).unwrap();
+    assert_eq!(admin["from"].as_sequence().map(Vec::len), Some(1), "admin port: hangar's namespace only");
+    let operator = find(&docs, "NetworkPolicy", "hangar-operator", Some("hangar-system")).expect("operator policy");
+    assert_eq!(port(&operator["spec"]["ingress"][0]), Some(8080));
+    assert!(operator["spec"]["ingress"][0]["from"][0]["podSelector"].is_mapping());
+    let gateway = find(&docs, "NetworkPolicy", "hangar-gateway", Some("hangar-system")).expect("gateway policy");
+    assert!(gateway["spec"]["ingress"][0]["from"].is_null(), "the gateway's API is public");
+    assert!(
+        find(&render(&["--set", "networkPolicy.enabled=false"]), "NetworkPolicy", "hangar-webhook", None).is_none()
+    );
+}
+
+#[test]
+fn the_webhook_demands_the_apiservers_certificate_when_given_its_ca() {
+    let env = |docs: &[serde_yaml::Value]| {
+        let d = find(docs, "Deployment", "hangar-webhook", Some("hangar-system")).expect("webhook");
+        serde_yaml::to_string(&d["spec"]["template"]["spec"]["containers"][0]["env"]).unwrap()
+    };
+    assert!(!env(&render(&[])).contains("HANGAR_WEBHOOK_CLIENT_CA"));
+    let docs = render(&["--set", "webhook.clientCA.secretName=apiserver-admission-ca"]);
+    assert!(env(&docs).contains("HANGAR_WEBHOOK_CLIENT_CA"));
+    let d = find(&docs, "Deployment", "hangar-webhook", Some("hangar-system")).unwrap();
+    let spec = &d["spec"]["template"]["spec"];
+    assert!(serde_yaml::to_string(&spec["volumes"]).unwrap().contains("apiserver-admission-ca"));
+    // Probes go to the admin port: the kubelet has no client certificate.
+    assert_eq!(spec["containers"][0]["readinessProbe"]["httpGet"]["port"].as_str(), Some("admin"));
+}
+
 fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> bool {
     let out = cp
         .kubectl()

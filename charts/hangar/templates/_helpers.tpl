@@ -77,3 +77,11 @@ A ClusterRole when watchNamespaces is empty, else a Role in each.
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/* Who may reach an admin port (/metrics, /healthz, /readyz): hangar's own namespace and networkPolicy.metricsFrom. */}}
+{{- define "hangar.adminFrom" -}}
+- podSelector: {}
+{{- with .Values.networkPolicy.metricsFrom }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
