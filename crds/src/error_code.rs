@@ -23,10 +23,13 @@ pub enum ErrorCode {
     PreflightTooLarge,
     ImagePreflightPending,
     SandboxLiveSnapshotUnsupported,
+    /// Not in the contract's table: the gateway's per-caller and long-poll
+    /// limits (429, with Retry-After).
+    RateLimited,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadRequest,
         ErrorCode::SandboxRequestInvalid,
         ErrorCode::TokenInvalid,
@@ -44,6 +47,7 @@ impl ErrorCode {
         ErrorCode::PreflightTooLarge,
         ErrorCode::ImagePreflightPending,
         ErrorCode::SandboxLiveSnapshotUnsupported,
+        ErrorCode::RateLimited,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -65,6 +69,7 @@ impl ErrorCode {
             ErrorCode::PreflightTooLarge => "preflight_too_large",
             ErrorCode::ImagePreflightPending => "image_preflight_pending",
             ErrorCode::SandboxLiveSnapshotUnsupported => "sandbox_live_snapshot_unsupported",
+            ErrorCode::RateLimited => "rate_limited",
         }
     }
 
@@ -84,6 +89,7 @@ impl ErrorCode {
             | ErrorCode::ImagePreflightPending => 409,
             ErrorCode::SandboxOutputErased => 410,
             ErrorCode::PreflightArchitecture | ErrorCode::PreflightTooLarge => 422,
+            ErrorCode::RateLimited => 429,
             ErrorCode::SandboxLiveSnapshotUnsupported => 501,
         }
     }

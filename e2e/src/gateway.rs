@@ -140,6 +140,11 @@ pub fn https_client(cp: &ControlPlane, identity: Option<(&[u8], &[u8])>) -> reqw
     reqwest::Client::builder().tls_backend_preconfigured(tls).build().expect("client")
 }
 
+/// The audience the gateway asks TokenReviews for (its default).
+pub const GATEWAY_AUDIENCE: &str = "hangar-gateway";
+/// The local apiserver's own audience (its service account issuer).
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
 /// A ServiceAccount in `namespace` allowed `verbs` on sandboxes and
 /// commands there, and a token for it.
 pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str) -> String {
@@ -164,5 +169,18 @@ pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str)
         let sa = format!("--serviceaccount={namespace}:{name}");
         run(&["create", "rolebinding", name, "-n", namespace, &format!("--role={name}"), &sa]);
     }
-    run(&["create", "token", name, "-n", namespace, "--duration=1h"])
+    // For the gateway (its audience) and for the apiserver (tests also
+    // act with it directly).
+    run(&[
+        "create",
+        "token",
+        name,
+        "-n",
+        namespace,
+        "--duration=1h",
+        "--audience",
+        GATEWAY_AUDIENCE,
+        "--audience",
+        API_AUDIENCE,
+    ])
 }

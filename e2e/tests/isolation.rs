@@ -146,6 +146,34 @@ async fn another_tenant_and_a_pod_reach_nothing_of_a_session() {
     }
     let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}"), "forged.jwt.token").await;
     assert_eq!((st, code(&body)), (401, "token_invalid"), "{body}");
+    // A valid token of the victim's own member, minted for the apiserver
+    // and not for the gateway, is refused: a token leaked from a pod's
+    // mount is no key to the gateway.
+    let out = stack.cp.kubectl().args(["create", "token", "owner", "-n", "iso-victim"]).output().unwrap();
+    let api_only = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}"), &api_only).await;
+    assert_eq!((st, code(&body)), (401, "token_invalid"), "a token for another audience: {body}");
+    // A refused token is remembered: repeating it costs the apiserver
+    // nothing.
+    let reviews = || {
+        let m = stack.gateway.metrics();
+        m.lines()
+            .find_map(|l| l.strip_prefix("hangar_gateway_token_reviews_total "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+            .unwrap()
+    };
+    let before_flood = reviews();
+    for _ in 0..30 {
+        let (st, _) = gw.get(&format!("/v1/sandboxes/{sid}"), "made-up-token-repeated").await;
+        assert_eq!(st, 401);
+    }
+    assert_eq!(reviews() - before_flood, 1.0, "one TokenReview for 30 tries of one bad token");
+    // A caller over its request rate is slowed, with the contract's shape.
+    let absent_path = format!("/v1/sandboxes/{absent}");
+    let flood = futures::future::join_all((0..300).map(|_| gw.get(&absent_path, &mallory_token))).await;
+    let limited: Vec<&(u16, Value)> = flood.iter().filter(|(st, _)| *st == 429).collect();
+    assert!(!limited.is_empty(), "300 requests at once from one caller: some are refused");
+    assert!(limited.iter().all(|(_, b)| code(b) == "rate_limited"), "{:?}", limited.first());
 
     assert_eq!(snapshot(&admin, "iso-victim", &sid).await, before, "the victim's objects are unchanged");
 }

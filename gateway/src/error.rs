@@ -34,7 +34,7 @@ impl ApiError {
 pub fn code_in(message: &str) -> Option<ErrorCode> {
     ErrorCode::ALL
         .iter()
-        .filter(|c| !matches!(c, ErrorCode::Forbidden | ErrorCode::BadRequest))
+        .filter(|c| !matches!(c, ErrorCode::Forbidden | ErrorCode::BadRequest | ErrorCode::RateLimited))
         .filter_map(|c| message.find(&format!("{}: ", c.as_str())).map(|at| (at, *c)))
         .min_by_key(|(at, c)| (*at, usize::MAX - c.as_str().len()))
         .map(|(_, c)| c)
@@ -44,6 +44,9 @@ impl axum::response::IntoResponse for ApiError {
     fn into_response(self) -> axum::response::Response {
         let status =
             axum::http::StatusCode::from_u16(self.status).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        if status == axum::http::StatusCode::TOO_MANY_REQUESTS {
+            return (status, [(axum::http::header::RETRY_AFTER, "1")], axum::Json(self.body())).into_response();
+        }
         (status, axum::Json(self.body())).into_response()
     }
 }

@@ -1,6 +1,7 @@
 //! hangar-gateway: the HTTPS session API (ARCHITECTURE §5).
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -38,6 +39,18 @@ struct Settings {
     /// How long an output read waits for new bytes.
     #[arg(long, env = "HANGAR_GATEWAY_LONG_POLL_SECONDS", default_value_t = 25)]
     long_poll_seconds: u64,
+    /// The audience a member's token must be minted for (`kubectl create
+    /// token … --audience`); empty: the apiserver's own audiences.
+    #[arg(long, env = "HANGAR_GATEWAY_TOKEN_AUDIENCE", default_value = "hangar-gateway")]
+    token_audience: String,
+    /// Requests per second one caller may make, and its burst.
+    #[arg(long, env = "HANGAR_GATEWAY_CALLER_RATE", default_value_t = NonZeroU32::new(50).expect("non-zero"))]
+    caller_rate: NonZeroU32,
+    #[arg(long, env = "HANGAR_GATEWAY_CALLER_BURST", default_value_t = NonZeroU32::new(100).expect("non-zero"))]
+    caller_burst: NonZeroU32,
+    /// TokenReviews per second of tokens not seen before, all callers together.
+    #[arg(long, env = "HANGAR_GATEWAY_TOKEN_REVIEW_RATE", default_value_t = NonZeroU32::new(100).expect("non-zero"))]
+    token_review_rate: NonZeroU32,
     /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
     #[arg(long, env = "HANGAR_GATEWAY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
@@ -60,6 +73,14 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let http = hangar_runtime::admin::HttpMetrics::default();
     let mut registry = prometheus_client::registry::Registry::with_prefix("hangar_gateway");
     http.register(&mut registry);
+    let limits = hangar_gateway::auth::Limits {
+        per_caller: settings.caller_rate,
+        per_caller_burst: settings.caller_burst,
+        token_reviews: settings.token_review_rate,
+    };
+    let audience = Some(settings.token_audience.clone()).filter(|a| !a.is_empty());
+    let auth = Auth::new(client.clone(), audience, limits);
+    registry.register("token_reviews", "TokenReviews sent to the apiserver", auth.token_reviews.clone());
     let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
     let org = org_key(&secrets).await?;
@@ -70,7 +91,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let index = Index::start(client.clone()).await?;
     let gw = Arc::new(Gateway {
-        auth: Auth::new(client.clone()),
+        auth,
         index,
         output: OutputReader::new(store, secrets, org),
         long_poll: Duration::from_secs(settings.long_poll_seconds),
