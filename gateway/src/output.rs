@@ -3,19 +3,22 @@
 //! hand-off for a moment after it made them), and reads past an offset
 //! that wait for new bytes.
 //!
-//! Waiting polls the store's listing every `poll` (20 ms by default): the
-//! worker writes no per-chunk signal anywhere else, by design. With S3 each
-//! waiting reader costs a LIST per poll; a push from the worker to the
-//! gateway replica holding the reader is the planned refinement.
+//! Waiting: the worker writes no per-chunk signal anywhere but the store,
+//! so the store is polled — by one follower per command with waiting
+//! readers (`follow`), which lists the command's chunks every `poll` (20 ms)
+//! and tells every reader how far the output is stored. However many
+//! clients long-poll one command, the store sees one listing per poll; a
+//! reader reads chunks only once there are bytes past its offset.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangar_crds::{ErrorCode, output_keys};
 use hangar_output::{AttemptKey, Chunk, OrgKey, OutputStore, ReadError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
+use tokio::sync::watch;
 
 use crate::error::ApiError;
 
@@ -38,11 +41,51 @@ pub struct OutputReader {
     /// Opened keys per session (they never change once made).
     keys: Mutex<HashMap<String, HashMap<u32, [u8; 32]>>>,
     pub poll: Duration,
+    /// One follower per command with waiting readers: how far its output
+    /// is stored.
+    followers: Arc<Mutex<HashMap<(String, u32), Arc<watch::Sender<u64>>>>>,
 }
 
 impl OutputReader {
     pub fn new(store: OutputStore, secrets: Api<Secret>, org: OrgKey) -> Self {
-        Self { store, secrets, org, keys: Mutex::default(), poll: Duration::from_millis(20) }
+        Self { store, secrets, org, keys: Mutex::default(), poll: Duration::from_millis(20), followers: Arc::default() }
+    }
+
+    /// How far command `number`'s output is stored, kept current by the
+    /// command's one follower (started here if none runs); the follower
+    /// stops when its last reader is gone.
+    pub fn follow(&self, session_id: &str, number: u32) -> watch::Receiver<u64> {
+        let key = (session_id.to_owned(), number);
+        let mut map = self.followers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = map.get(&key) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(0);
+        let tx = Arc::new(tx);
+        map.insert(key.clone(), tx.clone());
+        let (store, followers, poll) = (self.store.clone(), self.followers.clone(), self.poll);
+        tokio::spawn(async move {
+            loop {
+                match store.stored_end(&key.0, key.1).await {
+                    Ok(end) => {
+                        tx.send_if_modified(|v| std::mem::replace(v, end) != end);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "output store"),
+                }
+                tokio::time::sleep(poll).await;
+                let mut map = followers.lock().unwrap_or_else(|p| p.into_inner());
+                if tx.receiver_count() == 0 {
+                    map.remove(&key);
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
+    /// Commands followed now (for the tests and /metrics).
+    pub fn followed(&self) -> usize {
+        self.followers.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Opens attempt `attempt`'s key from the Secrets and caches it: the
@@ -133,15 +176,114 @@ impl OutputReader {
         Fut: std::future::Future<Output = Result<bool, ApiError>>,
     {
         let deadline = Instant::now() + wait;
+        let mut stored = self.follow(session.id, number);
+        let mut first = true;
         loop {
             // Final first: the worker stores all output before the final
             // status, so a read after seeing it misses nothing.
             let fin = is_final().await?;
-            let chunks = self.read(session, number, after).await?;
-            if !chunks.is_empty() || fin || Instant::now() >= deadline {
-                return Ok((chunks, fin));
+            let past = *stored.borrow_and_update() > after;
+            if std::mem::take(&mut first) || past || fin {
+                let chunks = self.read(session, number, after).await?;
+                if !chunks.is_empty() || fin {
+                    return Ok((chunks, fin));
+                }
             }
-            tokio::time::sleep(self.poll.min(deadline.saturating_duration_since(Instant::now()))).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok((Vec::new(), false));
+            }
+            // New bytes wake the reader at once; the status (from the
+            // gateway's index) is looked at every poll.
+            let _ = tokio::time::timeout(self.poll.max(Duration::from_millis(100)).min(left), stored.changed()).await;
         }
+    }
+}
+
+/// The cap on output reads waiting at once: in all, and per caller (each
+/// holds a connection and a follower subscription for up to 25 s).
+pub struct LongPolls {
+    total: Arc<tokio::sync::Semaphore>,
+    per_caller: Mutex<HashMap<String, usize>>,
+    max_per_caller: usize,
+}
+
+/// A place among the waiting reads, given back on drop.
+pub struct PollPermit<'a> {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    caller: String,
+    polls: &'a LongPolls,
+}
+
+impl LongPolls {
+    pub fn new(max_total: usize, max_per_caller: usize) -> Self {
+        Self { total: Arc::new(tokio::sync::Semaphore::new(max_total)), per_caller: Mutex::default(), max_per_caller }
+    }
+
+    /// A place for `caller`'s read, or 429 `rate_limited`.
+    pub fn enter(&self, caller: &str) -> Result<PollPermit<'_>, ApiError> {
+        let full = || ApiError::new(ErrorCode::RateLimited, "too many output reads waiting at once; try again shortly");
+        let total = self.total.clone().try_acquire_owned().map_err(|_| full())?;
+        let mut per = self.per_caller.lock().unwrap_or_else(|p| p.into_inner());
+        let n = per.entry(caller.to_owned()).or_default();
+        if *n >= self.max_per_caller {
+            return Err(full());
+        }
+        *n += 1;
+        Ok(PollPermit { _total: total, caller: caller.to_owned(), polls: self })
+    }
+}
+
+impl Drop for PollPermit<'_> {
+    fn drop(&mut self) {
+        let mut per = self.polls.per_caller.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = per.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                per.remove(&self.caller);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader(dir: &std::path::Path) -> OutputReader {
+        // A client that is never called: followers read only the store.
+        let config = kube::Config::new("https://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let org = OrgKey::from_bytes(&[7u8; 32]).unwrap();
+        OutputReader::new(OutputStore::local(dir).unwrap(), Api::namespaced(client, "x"), org)
+    }
+
+    #[tokio::test]
+    async fn many_readers_of_one_command_share_one_follower_which_stops_after_the_last() {
+        hangar_runtime::telemetry::init();
+        let dir = tempfile::tempdir().unwrap();
+        let out = reader(dir.path());
+        let readers: Vec<_> = (0..50).map(|_| out.follow("s", 1)).collect();
+        let other = out.follow("s", 2);
+        assert_eq!(out.followed(), 2, "one follower per command, not per reader");
+        drop(readers);
+        drop(other);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while out.followed() > 0 {
+            assert!(Instant::now() < deadline, "followers without readers stop");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[test]
+    fn waiting_reads_are_capped_in_all_and_per_caller() {
+        let polls = LongPolls::new(3, 2);
+        let a1 = polls.enter("a").unwrap();
+        let _a2 = polls.enter("a").unwrap();
+        assert_eq!(polls.enter("a").err().map(|e| e.status), Some(429), "a third for one caller");
+        let _b1 = polls.enter("b").unwrap();
+        assert_eq!(polls.enter("c").err().map(|e| e.status), Some(429), "four in all");
+        drop(a1);
+        assert!(polls.enter("c").is_ok(), "a place given back is free again");
     }
 }

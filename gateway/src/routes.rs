@@ -43,6 +43,8 @@ pub struct Gateway {
     pub long_poll: Duration,
     /// Requests by method and status, and their durations.
     pub http: hangar_runtime::admin::HttpMetrics,
+    /// The cap on output reads waiting at once.
+    pub long_polls: crate::output::LongPolls,
 }
 
 type Reply = Result<(StatusCode, Json<Value>), ApiError>;
@@ -193,7 +195,8 @@ async fn output(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
 ) -> Reply {
-    let (_, session) = authorised(&gw, &headers, &id, "get", "commands").await?;
+    let (caller, session) = authorised(&gw, &headers, &id, "get", "commands").await?;
+    let _place = gw.long_polls.enter(&caller.user)?;
     // A query that does not parse is answered in the contract's shape too.
     let Query(query) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("query: {e}")))?;
     let after = match query.get("after") {

@@ -39,6 +39,11 @@ struct Settings {
     /// How long an output read waits for new bytes.
     #[arg(long, env = "HANGAR_GATEWAY_LONG_POLL_SECONDS", default_value_t = 25)]
     long_poll_seconds: u64,
+    /// Output reads waiting at once, in all and per caller.
+    #[arg(long, env = "HANGAR_GATEWAY_MAX_LONG_POLLS", default_value_t = 4096)]
+    max_long_polls: usize,
+    #[arg(long, env = "HANGAR_GATEWAY_MAX_LONG_POLLS_PER_CALLER", default_value_t = 64)]
+    max_long_polls_per_caller: usize,
     /// The audience a member's token must be minted for (`kubectl create
     /// token … --audience`); empty: the apiserver's own audiences.
     #[arg(long, env = "HANGAR_GATEWAY_TOKEN_AUDIENCE", default_value = "hangar-gateway")]
@@ -97,6 +102,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
         long_poll: Duration::from_secs(settings.long_poll_seconds),
         client,
         http,
+        long_polls: hangar_gateway::output::LongPolls::new(settings.max_long_polls, settings.max_long_polls_per_caller),
     });
     let config = hangar_runtime::https::server_config(&settings.tls_cert, &settings.tls_key)?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
