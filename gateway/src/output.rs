@@ -34,6 +34,10 @@ pub struct Of<'a> {
     pub node: Option<&'a str>,
 }
 
+/// Per (session id, command number): the sender of how far its output is
+/// stored.
+type Followers = HashMap<(String, u32), Arc<watch::Sender<u64>>>;
+
 pub struct OutputReader {
     pub store: OutputStore,
     secrets: Api<Secret>,
@@ -43,7 +47,7 @@ pub struct OutputReader {
     pub poll: Duration,
     /// One follower per command with waiting readers: how far its output
     /// is stored.
-    followers: Arc<Mutex<HashMap<(String, u32), Arc<watch::Sender<u64>>>>>,
+    followers: Arc<Mutex<Followers>>,
 }
 
 impl OutputReader {
