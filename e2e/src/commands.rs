@@ -100,7 +100,7 @@ pub async fn output_keys(client: &kube::Client, session_id: &str, attempt: i64) 
                 .filter_map(|(k, v)| {
                     let a: i64 = k.strip_prefix("attempt-")?.parse().ok()?;
                     let key = org.unseal(&v.0, &output_keys::seal_context(session_id, a)).expect("unseal");
-                    Some((a as u32, key.try_into().expect("32 bytes")))
+                    Some((a as u32, key.as_slice().try_into().expect("32 bytes")))
                 })
                 .collect();
         }

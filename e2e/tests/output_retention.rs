@@ -39,6 +39,7 @@ async fn output_is_erased_after_the_retention_and_reads_answer_410() {
     let member = member_token(&stack.cp, ns, "dev", "get,list");
     let cid = "c";
     let url = format!("/v1/sandboxes/{sid}/commands/{cid}/output?after=0");
+    gw.wait_known(&sid, &member).await;
     let (st, body) = gw.get(&url, &member).await;
     assert_eq!(st, 200, "{body}");
     assert_eq!(body["chunks"][0]["offset"], 0);

@@ -22,7 +22,7 @@ async fn output_round_trips_through_s3_sealed() {
     let store = OutputStore::s3("hangar-output", "us-east-1", Some(&moto.endpoint())).expect("S3 store");
     let spool = tempfile_dir();
     let k = AttemptKey::generate().unwrap();
-    let key = || AttemptKey::from_bytes(&k).unwrap();
+    let key = || AttemptKey::from_bytes(k.as_slice()).unwrap();
     let mut w = OutputWriter::open(store.clone(), spool.clone(), "session-s3", 7, 1, key()).await.unwrap();
     w.append(Stream::Stdout, b"compiling...\n").await.unwrap();
     w.append(Stream::Stderr, b"warning: unused\n").await.unwrap();

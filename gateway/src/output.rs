@@ -19,6 +19,7 @@ use hangar_output::{AttemptKey, Chunk, OrgKey, OutputStore, ReadError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use tokio::sync::watch;
+use zeroize::Zeroizing;
 
 use crate::error::ApiError;
 
@@ -34,6 +35,9 @@ pub struct Of<'a> {
     pub node: Option<&'a str>,
 }
 
+/// A session's opened output keys by attempt (wiped when dropped).
+type AttemptKeys = HashMap<u32, Zeroizing<[u8; 32]>>;
+
 /// Per (session id, command number): the sender of how far its output is
 /// stored.
 type Followers = HashMap<(String, u32), Arc<watch::Sender<u64>>>;
@@ -43,7 +47,7 @@ pub struct OutputReader {
     secrets: Api<Secret>,
     org: OrgKey,
     /// Opened keys per session (they never change once made).
-    keys: Mutex<HashMap<String, HashMap<u32, [u8; 32]>>>,
+    keys: Mutex<HashMap<String, AttemptKeys>>,
     pub poll: Duration,
     /// One follower per command with waiting readers: how far its output
     /// is stored.
@@ -96,7 +100,7 @@ impl OutputReader {
     /// sealed entry, else the worker's hand-off not sealed yet. Read twice,
     /// since the operator may seal a hand-off (and delete it) between the
     /// two reads. `None`: no key exists (destroyed, or never made).
-    async fn fetch_key(&self, session: Of<'_>, attempt: u32) -> Result<Option<[u8; 32]>, ApiError> {
+    async fn fetch_key(&self, session: Of<'_>, attempt: u32) -> Result<Option<Zeroizing<[u8; 32]>>, ApiError> {
         let session_id = session.id;
         let a = i64::from(attempt);
         for _ in 0..2 {
@@ -112,17 +116,18 @@ impl OutputReader {
                 None if session.node.is_some() => {
                     let node = session.node.unwrap_or_default();
                     let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(node, session_id, a)).await?;
-                    handoff.and_then(|s| s.data).and_then(|d| d.get(output_keys::HANDOFF_KEY).cloned()).map(|k| k.0)
+                    let mut data = handoff.and_then(|s| s.data).unwrap_or_default();
+                    data.remove(output_keys::HANDOFF_KEY).map(|k| Zeroizing::new(k.0))
                 }
                 None => None,
             };
-            if let Some(k) = key.and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok()) {
+            if let Some(k) = key.and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok().map(Zeroizing::new)) {
                 self.keys
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .entry(session_id.to_owned())
                     .or_default()
-                    .insert(attempt, k);
+                    .insert(attempt, k.clone());
                 return Ok(Some(k));
             }
         }
@@ -142,7 +147,7 @@ impl OutputReader {
         let mut fetched = Vec::new();
         loop {
             let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
-            let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k).expect("32-byte key"));
+            let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k.as_slice()).expect("32-byte key"));
             match self.store.read_after_at_most(session_id, number, after, MAX_RESPONSE_BYTES, &key).await {
                 Ok(chunks) => return Ok(chunks),
                 Err(ReadError::Erased(a)) if !fetched.contains(&a) => {

@@ -4,8 +4,10 @@
 //! - `seal`: the organisation key ([`OrgKey`]), which seals other keys;
 //!   the attempt key ([`AttemptKey`]), which seals command output chunks
 //! - `session`: the 64-byte workspace key made for each session
+//!
+//! Raw key bytes are `zeroize::Zeroizing`: wiped from memory when dropped.
 
 pub mod seal;
 pub mod session;
 
-pub use seal::{AttemptKey, OrgKey, SealError, random_bytes};
+pub use seal::{AttemptKey, KeyBytes, OrgKey, SealError, random_bytes, random_key};

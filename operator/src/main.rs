@@ -10,7 +10,7 @@ use clap::Parser;
 use hangar_operator::context::Context;
 use hangar_operator::ec2::watcher::InstanceWatcher;
 use hangar_operator::ec2::{Ec2, Ec2Settings};
-use hangar_operator::keys::{OrgKey, b64};
+use hangar_operator::keys::OrgKey;
 use hangar_operator::lifecycle;
 use hangar_operator::metrics::Metrics;
 use hangar_operator::settings::Settings;
@@ -185,7 +185,7 @@ async fn load_org_key(client: &kube::Client, settings: &Settings) -> Result<OrgK
         if hangar_runtime::kube_ext::ignore_already_exists(secrets.create(&PostParams::default(), &secret).await)?
             .is_some()
         {
-            tracing::info!(secret = name, "generated the organisation key ({} bytes, not logged)", b64(&key).len());
+            tracing::info!(secret = name, "generated the organisation key ({} bytes, not logged)", key.len());
         }
     }
     let secret = secrets.get(name).await?;

@@ -15,6 +15,6 @@
 pub mod store;
 pub mod writer;
 
-pub use hangar_keys::{AttemptKey, OrgKey, SealError, random_bytes};
+pub use hangar_keys::{AttemptKey, KeyBytes, OrgKey, SealError, random_bytes};
 pub use store::{Chunk, OutputStore, ReadError, Stream};
 pub use writer::{OutputWriter, WriteError, resend_spooled};

@@ -10,10 +10,11 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use hangar_crds::output_keys;
-use hangar_output::AttemptKey;
+use hangar_output::{AttemptKey, KeyBytes};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
+use zeroize::Zeroizing;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -36,13 +37,14 @@ pub async fn load_or_create(
     cfg: &crate::commands::RunnerConfig,
     secrets: &Api<Secret>,
     attempt: i64,
-) -> Result<[u8; 32], KeyError> {
+) -> Result<KeyBytes<32>, KeyError> {
     let (spool_root, session_id) = (cfg.spool_root.as_path(), cfg.session_id.as_str());
     let dir = spool_root.join("keys").join(session_id);
     let path = dir.join(format!("attempt-{attempt}"));
     let file_err = |source| KeyError::File { path: path.clone(), source };
-    let key: [u8; 32] = match std::fs::read(&path) {
-        Ok(bytes) if bytes.len() == 32 => bytes.try_into().expect("32 bytes"),
+    let read = std::fs::read(&path).map(Zeroizing::new);
+    let key: KeyBytes<32> = match read {
+        Ok(bytes) if bytes.len() == 32 => Zeroizing::new(bytes.as_slice().try_into().expect("32 bytes")),
         _ => {
             let key = AttemptKey::generate()?;
             std::fs::create_dir_all(&dir).map_err(file_err)?;
@@ -54,7 +56,7 @@ pub async fn load_or_create(
                 .mode(0o600)
                 .open(&tmp)
                 .map_err(file_err)?;
-            f.write_all(&key).and_then(|_| f.sync_all()).map_err(file_err)?;
+            f.write_all(key.as_slice()).and_then(|_| f.sync_all()).map_err(file_err)?;
             std::fs::rename(&tmp, &path).map_err(file_err)?;
             key
         }

@@ -166,7 +166,7 @@ pub async fn execute(
 }
 
 async fn ensure_key(ctx: &Context, session_id: &str) -> Result<()> {
-    let sealed = ctx.org_key.seal(&keys::new_session_key()?, session_id)?;
+    let sealed = ctx.org_key.seal(keys::new_session_key()?.as_slice(), session_id)?;
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(keys::secret_name(session_id)),

@@ -107,7 +107,7 @@ pub struct Runner {
     state: SessionState,
     /// Attempt the key and writers below belong to.
     attempt: i64,
-    key: Option<[u8; 32]>,
+    key: Option<hangar_output::KeyBytes<32>>,
     writers: HashMap<u32, OutputWriter>,
     /// The supervisor connection since its hello. None before the first
     /// hello, and after a reset: messages of the old connection are dropped
@@ -332,14 +332,14 @@ impl Runner {
 
     async fn writer(&mut self, id: u32) -> Result<&mut OutputWriter, RunnerError> {
         if !self.writers.contains_key(&id) {
-            let key = self.key.ok_or(LinkError::NotConnected).map_err(RunnerError::Link)?;
+            let key = self.key.clone().ok_or(LinkError::NotConnected).map_err(RunnerError::Link)?;
             let w = OutputWriter::open(
                 self.cfg.store.clone(),
                 self.cfg.spool_root.join("output"),
                 &self.cfg.session_id,
                 id,
                 self.attempt as u32,
-                AttemptKey::from_bytes(&key).expect("32-byte key"),
+                AttemptKey::from_bytes(key.as_slice()).expect("32-byte key"),
             )
             .await?;
             self.writers.insert(id, w);
