@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hangar_crds::output_keys;
 use hangar_crds::{Command, CommandPhase};
 use hangar_output::{AttemptKey, Chunk, OrgKey, Stream};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -84,22 +84,24 @@ pub fn node_logs(stack: &LocalStack) -> String {
     out
 }
 
-/// The output keys of a session's attempts, opened with the organisation
-/// key from the operator's Secrets; waits until `attempt`'s is sealed.
+/// The output keys of a session's attempts, opened with the output
+/// key-encryption key from the operator's Secret; waits until `attempt`'s
+/// is sealed.
 pub async fn output_keys(client: &kube::Client, session_id: &str, attempt: i64) -> HashMap<u32, [u8; 32]> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let org = secrets.get("hangar-org-key").await.expect("org key secret");
-    let org = OrgKey::from_bytes(&org.data.expect("data")["key"].0).expect("org key");
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let kek = secrets.get(output_keys::OUTPUT_KEK_SECRET).await.expect("output key-encryption key");
+    let kek = OrgKey::from_bytes(&kek.data.expect("data")["key"].0).expect("output key-encryption key");
     let start = Instant::now();
     loop {
-        let sealed = secrets.get_opt(&output_keys::sealed_secret_name(session_id)).await.expect("get secret");
-        let data = sealed.and_then(|s| s.data).unwrap_or_default();
+        let sealed = maps.get_opt(&output_keys::sealed_keys_name(session_id)).await.expect("get sealed keys");
+        let data = sealed.and_then(|s| s.binary_data).unwrap_or_default();
         if data.contains_key(&output_keys::sealed_entry(attempt)) {
             return data
                 .iter()
                 .filter_map(|(k, v)| {
                     let a: i64 = k.strip_prefix("attempt-")?.parse().ok()?;
-                    let key = org.unseal(&v.0, &output_keys::seal_context(session_id, a)).expect("unseal");
+                    let key = kek.unseal(&v.0, &output_keys::seal_context(session_id, a)).expect("unseal");
                     Some((a as u32, key.as_slice().try_into().expect("32 bytes")))
                 })
                 .collect();

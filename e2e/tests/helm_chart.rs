@@ -270,7 +270,9 @@ fn chart_installs_and_grants_least_privilege() {
     yes(op, &["patch", "commands.hangar.dev", "--subresource=status", "-n", "team-a"]);
     yes(op, &["patch", "secrets", "-n", "hangar-system"]);
     yes(op, &["create", "pods", "-n", "team-a"]);
-    yes(op, &["get", "secrets", "-n", "team-a"]);
+    // Secrets in its own namespace only: no tenant Secret is readable.
+    no(op, &["get", "secrets", "-n", "team-a"]);
+    no(op, &["create", "secrets", "-n", "team-a"]);
     yes(op, &["patch", "nodes"]);
     yes(op, &["update", "leases.coordination.k8s.io", "-n", "hangar-system"]);
     yes(op, &["update", "configmaps", "-n", "hangar-system"]);
@@ -300,7 +302,12 @@ fn chart_installs_and_grants_least_privilege() {
     yes(gw, &["create", "subjectaccessreviews.authorization.k8s.io"]);
     yes(gw, &["create", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(gw, &["get", "secrets", "-n", "team-a"]);
-    yes(gw, &["get", "secrets", "-n", "hangar-system"]);
+    // The output key-encryption key only: never the organisation key (which
+    // seals the workspace keys), a workspace key or a raw hand-off.
+    yes(gw, &["get", "secrets/hangar-output-kek", "-n", "hangar-system"]);
+    no(gw, &["get", "secrets/hangar-org-key", "-n", "hangar-system"]);
+    no(gw, &["get", "secrets", "-n", "hangar-system"]);
+    yes(gw, &["get", "configmaps", "-n", "hangar-system"]);
     no(gw, &["list", "secrets", "-n", "hangar-system"]);
     no(gw, &["patch", "secrets", "-n", "hangar-system"]);
     no(gw, &["delete", "sandboxes.hangar.dev", "-n", "team-a"]);

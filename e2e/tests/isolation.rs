@@ -440,9 +440,13 @@ async fn a_compromised_worker_writes_nothing_of_another_session() {
         w_secrets.create(&PostParams::default(), &secret(format!("hangar-session-key-{later}"))).await,
     );
     policy(
-        "pre-create sealed output keys",
-        w_secrets.create(&PostParams::default(), &secret(output_keys::sealed_secret_name(later))).await,
+        "replace the output key-encryption key",
+        w_secrets.create(&PostParams::default(), &secret(output_keys::OUTPUT_KEK_SECRET.to_owned())).await,
     );
+    let w_maps: Api<ConfigMap> = Api::namespaced(worker.clone(), SYSTEM_NAMESPACE);
+    let sealed: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": output_keys::sealed_keys_name(later)}})).unwrap();
+    policy("RBAC: pre-create a session's sealed output keys", w_maps.create(&PostParams::default(), &sealed).await);
     policy(
         "hand in a key for the victim's node",
         w_secrets

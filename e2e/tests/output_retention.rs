@@ -11,7 +11,7 @@ use hangar_e2e::gateway::member_token;
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
 use hangar_e2e::sessions::{self, ensure_namespace, wait_for, wait_phase};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -47,10 +47,10 @@ async fn output_is_erased_after_the_retention_and_reads_answer_410() {
     boxes.patch("box", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"state": "Ended"}}))).await.unwrap();
     let ended = wait_phase(&stack, &boxes, "box", Phase::Ended).await;
     // Within the retention the output still reads back.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(30);
     let erase_after = loop {
-        let keys = secrets.get(&output_keys::sealed_secret_name(&sid)).await.expect("keys kept within the retention");
+        let keys = maps.get(&output_keys::sealed_keys_name(&sid)).await.expect("keys kept within the retention");
         if let Some(at) = keys.annotations().get("hangar.dev/erase-after") {
             break at.clone();
         }
@@ -67,7 +67,7 @@ async fn output_is_erased_after_the_retention_and_reads_answer_410() {
     // Status times have one-second resolution.
     let due: k8s_openapi::jiff::Timestamp = erase_after.parse().unwrap();
     assert!(at.as_second() >= due.as_second(), "erased at {at}, deadline {erase_after}");
-    assert!(secrets.get_opt(&output_keys::sealed_secret_name(&sid)).await.unwrap().is_none(), "keys destroyed");
+    assert!(maps.get_opt(&output_keys::sealed_keys_name(&sid)).await.unwrap().is_none(), "keys destroyed");
 
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

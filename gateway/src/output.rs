@@ -1,7 +1,11 @@
-//! Reading command output: the attempt keys (sealed under the organisation
-//! key in the session's output-key Secret, or still in the worker's
-//! hand-off for a moment after it made them), and reads past an offset
-//! that wait for new bytes.
+//! Reading command output: the attempt keys (sealed under the output
+//! key-encryption key in the session's sealed output keys, a ConfigMap the
+//! operator writes), and reads past an offset that wait for new bytes.
+//!
+//! Custody: the gateway holds the output key-encryption key and no other
+//! key; it never reads a raw hand-off (a Secret), the organisation key or a
+//! workspace key. An attempt whose key the operator has not sealed yet
+//! reads as "nothing yet", not as erased or finished.
 //!
 //! Waiting: the worker writes no per-chunk signal anywhere but the store,
 //! so the store is polled — by one follower per command with waiting
@@ -16,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use hangar_crds::{ErrorCode, output_keys};
 use hangar_output::{AttemptKey, Chunk, OrgKey, OutputStore, ReadError};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use tokio::sync::watch;
 use zeroize::Zeroizing;
@@ -27,14 +31,6 @@ use crate::error::ApiError;
 /// `next`): bounded memory per request, whatever the command wrote.
 pub const MAX_RESPONSE_BYTES: u64 = 8 << 20;
 
-/// Whose output: the session's id, and the node its worker runs on (whose
-/// hand-offs alone are its keys).
-#[derive(Clone, Copy, Debug)]
-pub struct Of<'a> {
-    pub id: &'a str,
-    pub node: Option<&'a str>,
-}
-
 /// A session's opened output keys by attempt (wiped when dropped).
 type AttemptKeys = HashMap<u32, Zeroizing<[u8; 32]>>;
 
@@ -44,8 +40,10 @@ type Followers = HashMap<(String, u32), Arc<watch::Sender<u64>>>;
 
 pub struct OutputReader {
     pub store: OutputStore,
-    secrets: Api<Secret>,
-    org: OrgKey,
+    /// The sealed output keys (ConfigMaps in the operator's namespace).
+    maps: Api<ConfigMap>,
+    /// The output key-encryption key.
+    kek: OrgKey,
     /// Opened keys per session (they never change once made).
     keys: Mutex<HashMap<String, AttemptKeys>>,
     pub poll: Duration,
@@ -55,8 +53,8 @@ pub struct OutputReader {
 }
 
 impl OutputReader {
-    pub fn new(store: OutputStore, secrets: Api<Secret>, org: OrgKey) -> Self {
-        Self { store, secrets, org, keys: Mutex::default(), poll: Duration::from_millis(20), followers: Arc::default() }
+    pub fn new(store: OutputStore, maps: Api<ConfigMap>, kek: OrgKey) -> Self {
+        Self { store, maps, kek, keys: Mutex::default(), poll: Duration::from_millis(20), followers: Arc::default() }
     }
 
     /// How far command `number`'s output is stored, kept current by the
@@ -96,42 +94,25 @@ impl OutputReader {
         self.followers.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Opens attempt `attempt`'s key from the Secrets and caches it: the
-    /// sealed entry, else the worker's hand-off not sealed yet. Read twice,
-    /// since the operator may seal a hand-off (and delete it) between the
-    /// two reads. `None`: no key exists (destroyed, or never made).
-    async fn fetch_key(&self, session: Of<'_>, attempt: u32) -> Result<Option<Zeroizing<[u8; 32]>>, ApiError> {
-        let session_id = session.id;
+    /// Opens attempt `attempt`'s key from the sealed output keys and
+    /// caches it. `None`: not sealed (not yet, or destroyed).
+    async fn fetch_key(&self, session_id: &str, attempt: u32) -> Result<Option<Zeroizing<[u8; 32]>>, ApiError> {
         let a = i64::from(attempt);
-        for _ in 0..2 {
-            let sealed = self.secrets.get_opt(&output_keys::sealed_secret_name(session_id)).await?;
-            let entry = sealed.and_then(|s| s.data).and_then(|d| d.get(&output_keys::sealed_entry(a)).cloned());
-            let key = match entry {
-                Some(v) => Some(
-                    self.org
-                        .unseal(&v.0, &output_keys::seal_context(session_id, a))
-                        .map_err(|e| ApiError::internal(format!("output key of attempt {a}: {e}")))?,
-                ),
-                // Not sealed yet: the hand-off from the session's own node.
-                None if session.node.is_some() => {
-                    let node = session.node.unwrap_or_default();
-                    let handoff = self.secrets.get_opt(&output_keys::handoff_secret_name(node, session_id, a)).await?;
-                    let mut data = handoff.and_then(|s| s.data).unwrap_or_default();
-                    data.remove(output_keys::HANDOFF_KEY).map(|k| Zeroizing::new(k.0))
-                }
-                None => None,
-            };
-            if let Some(k) = key.and_then(|k| <[u8; 32]>::try_from(k.as_slice()).ok().map(Zeroizing::new)) {
-                self.keys
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(session_id.to_owned())
-                    .or_default()
-                    .insert(attempt, k.clone());
-                return Ok(Some(k));
-            }
-        }
-        Ok(None)
+        let sealed = self.maps.get_opt(&output_keys::sealed_keys_name(session_id)).await?;
+        let Some(entry) = sealed.and_then(|s| s.binary_data).and_then(|mut d| d.remove(&output_keys::sealed_entry(a)))
+        else {
+            return Ok(None);
+        };
+        let key = self
+            .kek
+            .unseal(&entry.0, &output_keys::seal_context(session_id, a))
+            .map_err(|e| ApiError::internal(format!("output key of attempt {a}: {e}")))?;
+        let key = <[u8; 32]>::try_from(key.as_slice())
+            .map(Zeroizing::new)
+            .map_err(|_| ApiError::internal(format!("output key of attempt {a} is not 32 bytes")))?;
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.entry(session_id.to_owned()).or_default().insert(attempt, key.clone());
+        Ok(Some(key))
     }
 
     /// Forgets a session's keys (they were destroyed).
@@ -139,27 +120,25 @@ impl OutputReader {
         self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(session_id);
     }
 
-    /// The chunks past `after`; 410 once the keys are destroyed. Keys are
-    /// looked up only for the attempts the chunks belong to, and only when
-    /// not cached: a long-poll does no Secret reads once it has them.
-    pub async fn read(&self, session: Of<'_>, number: u32, after: u64) -> Result<Vec<Chunk>, ApiError> {
-        let session_id = session.id;
+    /// The chunks past `after`, or `None` while a key they need is not
+    /// sealed. Keys are looked up only for the attempts the chunks belong
+    /// to, and only when not cached: a long-poll does no reads of keys once
+    /// it has them. (Erased output is answered before reading: the route
+    /// looks at `status.outputErasedAt`.)
+    pub async fn read(&self, session_id: &str, number: u32, after: u64) -> Result<Option<Vec<Chunk>>, ApiError> {
         let mut fetched = Vec::new();
         loop {
             let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
             let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k.as_slice()).expect("32-byte key"));
             match self.store.read_after_at_most(session_id, number, after, MAX_RESPONSE_BYTES, &key).await {
-                Ok(chunks) => return Ok(chunks),
+                Ok(chunks) => return Ok(Some(chunks)),
                 Err(ReadError::Erased(a)) if !fetched.contains(&a) => {
                     fetched.push(a);
-                    self.fetch_key(session, a).await?;
+                    if self.fetch_key(session_id, a).await?.is_none() {
+                        return Ok(None);
+                    }
                 }
-                Err(ReadError::Erased(a)) => {
-                    return Err(ApiError::new(
-                        ErrorCode::SandboxOutputErased,
-                        format!("the output of attempt {a} is erased: its retention ended and its key was destroyed"),
-                    ));
-                }
+                Err(ReadError::Erased(_)) => return Ok(None),
                 Err(e) => return Err(ApiError::internal(format!("output store: {e}"))),
             }
         }
@@ -174,7 +153,7 @@ impl OutputReader {
     /// says the command ended, or `wait` passes.
     pub async fn read_waiting<F, Fut>(
         &self,
-        session: Of<'_>,
+        session_id: &str,
         number: u32,
         after: u64,
         wait: Duration,
@@ -185,7 +164,7 @@ impl OutputReader {
         Fut: std::future::Future<Output = Result<bool, ApiError>>,
     {
         let deadline = Instant::now() + wait;
-        let mut stored = self.follow(session.id, number);
+        let mut stored = self.follow(session_id, number);
         let mut first = true;
         loop {
             // Final first: the worker stores all output before the final
@@ -193,8 +172,11 @@ impl OutputReader {
             let fin = is_final().await?;
             let past = *stored.borrow_and_update() > after;
             if std::mem::take(&mut first) || past || fin {
-                let chunks = self.read(session, number, after).await?;
-                if !chunks.is_empty() || fin {
+                // A key not sealed yet: nothing to give, and not final
+                // either (the client would take "final, no bytes" for all).
+                if let Some(chunks) = self.read(session_id, number, after).await?
+                    && (!chunks.is_empty() || fin)
+                {
                     return Ok((chunks, fin));
                 }
             }

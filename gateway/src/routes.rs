@@ -223,12 +223,10 @@ async fn output(
         return ok(StatusCode::OK, output_body(&cmd, after, &[], false));
     };
     let wait = deadline.saturating_duration_since(std::time::Instant::now());
-    let node = session.status.as_ref().and_then(|s| s.node_name.as_deref());
-    let of = crate::output::Of { id: &sid, node };
     let latest = std::sync::Mutex::new(cmd.clone());
     let (chunks, fin) = gw
         .output
-        .read_waiting(of, number as u32, after, wait, || async {
+        .read_waiting(&sid, number as u32, after, wait, || async {
             let c = command_of(gw, session, cid).await?;
             let fin = views::phase(&c).is_final();
             *latest.lock().unwrap_or_else(|p| p.into_inner()) = c;

@@ -23,7 +23,10 @@ pub struct Context {
     pub leases: Store<Lease>,
     /// Every Command, for the per-session counts in the Sandbox status.
     pub commands: Store<hangar_crds::Command>,
+    /// Seals the workspace keys (the operator's alone).
     pub org_key: OrgKey,
+    /// Seals the output keys (shared with the gateway, which reads output).
+    pub output_kek: OrgKey,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     /// Consecutive failed reconciles per `namespace/name`, for backoff.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use hangar_crds::output_keys;
 use hangar_operator::context::Context;
 use hangar_operator::ec2::watcher::InstanceWatcher;
 use hangar_operator::ec2::{Ec2, Ec2Settings};
@@ -90,6 +91,10 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     // Dependencies that are not answering yet (the apiserver, EC2) are
     // waited for, never a reason to exit: /readyz says 503 meanwhile.
     let org_key = until_ok("load the organisation key", || load_org_key(&client, &settings)).await;
+    let output_kek = until_ok("load the output key-encryption key", || {
+        load_or_make_key(&client, &settings, output_keys::OUTPUT_KEK_SECRET, "the output key-encryption key")
+    })
+    .await;
     let instances = InstanceWatcher::default();
     // The first view of EC2 before any reconcile: a session must never be
     // judged "no instance" just because nothing has been described yet.
@@ -115,6 +120,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         leases,
         commands,
         org_key,
+        output_kek,
         recorder,
         metrics,
         failures: Default::default(),
@@ -172,8 +178,18 @@ async fn load_org_key(client: &kube::Client, settings: &Settings) -> Result<OrgK
         let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim())?;
         return Ok(OrgKey::from_bytes(&bytes)?);
     }
+    load_or_make_key(client, settings, output_keys::ORG_KEY_SECRET, "the organisation key").await
+}
+
+/// A key-encryption key kept in Secret `name` in the operator's namespace,
+/// made once with random bytes (create-if-absent: replicas agree on one).
+async fn load_or_make_key(
+    client: &kube::Client,
+    settings: &Settings,
+    name: &str,
+    what: &str,
+) -> Result<OrgKey, Box<dyn std::error::Error>> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
-    let name = "hangar-org-key";
     if secrets.get_opt(name).await?.is_none() {
         let key = OrgKey::generate_bytes()?;
         let secret = Secret {
@@ -185,10 +201,10 @@ async fn load_org_key(client: &kube::Client, settings: &Settings) -> Result<OrgK
         if hangar_runtime::kube_ext::ignore_already_exists(secrets.create(&PostParams::default(), &secret).await)?
             .is_some()
         {
-            tracing::info!(secret = name, "generated the organisation key ({} bytes, not logged)", key.len());
+            tracing::info!(secret = name, "generated {what} ({} bytes, not logged)", key.len());
         }
     }
     let secret = secrets.get(name).await?;
-    let bytes = secret.data.and_then(|d| d.get("key").cloned()).ok_or("hangar-org-key has no key")?;
+    let bytes = secret.data.and_then(|d| d.get("key").cloned()).ok_or_else(|| format!("{name} has no key"))?;
     Ok(OrgKey::from_bytes(&bytes.0)?)
 }

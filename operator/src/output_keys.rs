@@ -1,14 +1,15 @@
 //! Output keys: the worker of each attempt makes the key that attempt's
 //! command output is sealed under and hands it in as a Secret it cannot
-//! read back. Here the operator seals each hand-off under the organisation
-//! key into the session's output-key Secret (one entry per attempt) and
-//! deletes the hand-off, so no raw output key stays in the cluster.
+//! read back. Here the operator seals each hand-off under the output
+//! key-encryption key into the session's sealed output keys (a ConfigMap of
+//! ciphertext, one entry per attempt) and deletes the hand-off, so no raw
+//! output key stays in the cluster.
 
 use std::collections::BTreeMap;
 
 use hangar_crds::output_keys::{self, HANDOFF_KEY, SESSION_ID_LABEL};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -25,10 +26,14 @@ pub async fn seal_handoffs(ctx: &Context, session_id: &str, node_name: &str, att
         return Ok(());
     }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
-    let sealed_name = output_keys::sealed_secret_name(session_id);
-    let sealed = secrets.get_opt(&sealed_name).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    let sealed_name = output_keys::sealed_keys_name(session_id);
+    let sealed = maps.get_opt(&sealed_name).await?;
     let has = |a: i64| {
-        sealed.as_ref().and_then(|s| s.data.as_ref()).is_some_and(|d| d.contains_key(&output_keys::sealed_entry(a)))
+        sealed
+            .as_ref()
+            .and_then(|s| s.binary_data.as_ref())
+            .is_some_and(|d| d.contains_key(&output_keys::sealed_entry(a)))
     };
     let mut exists = sealed.is_some();
     for a in pending {
@@ -44,26 +49,25 @@ pub async fn seal_handoffs(ctx: &Context, session_id: &str, node_name: &str, att
                 }
                 continue;
             };
-            let entry = ctx.org_key.seal(&key.0, &output_keys::seal_context(session_id, a))?;
+            let entry = ctx.output_kek.seal(&key.0, &output_keys::seal_context(session_id, a))?;
             let data = BTreeMap::from([(output_keys::sealed_entry(a), ByteString(entry))]);
             if exists {
-                let patch = json!({"data": data});
-                secrets.patch(&sealed_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                let patch = json!({"binaryData": data});
+                maps.patch(&sealed_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             } else {
-                let secret = Secret {
+                let map = ConfigMap {
                     metadata: ObjectMeta {
                         name: Some(sealed_name.clone()),
                         labels: Some(BTreeMap::from([(SESSION_ID_LABEL.to_owned(), session_id.to_owned())])),
                         ..Default::default()
                     },
-                    data: Some(data),
-                    type_: Some("Opaque".into()),
+                    binary_data: Some(data),
                     ..Default::default()
                 };
-                secrets.create(&PostParams::default(), &secret).await?;
+                maps.create(&PostParams::default(), &map).await?;
                 exists = true;
             }
-            tracing::info!(attempt = a, "sealed the attempt's output key under the organisation key");
+            tracing::info!(attempt = a, "sealed the attempt's output key under the output key-encryption key");
         }
         hangar_runtime::kube_ext::ignore_not_found(secrets.delete(&handoff_name, &DeleteParams::default()).await)?;
         ctx.mark_sealed(session_id, a);

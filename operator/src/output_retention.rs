@@ -1,20 +1,20 @@
 //! Output retention: `outputRetentionDays` after a session ends, its output
-//! keys are destroyed — the session's output-key Secret and any hand-off
+//! keys are destroyed — the session's sealed output keys and any hand-off
 //! left — and the erasure is recorded (`status.outputErasedAt`); from then
 //! on the sealed chunks in the store open for nobody and the gateway
 //! answers 410 `sandbox_output_erased`.
 //!
-//! The deadline is written onto the output-key Secret itself
+//! The deadline is written onto the sealed output keys themselves
 //! (`hangar.dev/erase-after`) in the reconcile that ends the session, before
 //! the finalizer goes: a Sandbox deleted right after its end leaves no key
-//! behind, because the periodic sweep erases any key Secret past its
-//! deadline whether or not its Sandbox still exists.
+//! behind, because the periodic sweep erases any sealed keys past their
+//! deadline whether or not their Sandbox still exists.
 
 use std::time::Duration;
 
 use hangar_crds::output_keys::{self, SESSION_ID_LABEL};
 use hangar_crds::{Sandbox, SandboxStatus};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -51,31 +51,31 @@ pub async fn enforce(ctx: &Context, sandbox: &Sandbox, status: &SandboxStatus) -
     Ok(None)
 }
 
-/// Puts the deadline on the session's output-key Secret (creating an empty
-/// one if no attempt ever made a key, so the sweep still knows the session).
+/// Puts the deadline on the session's sealed output keys (creating an
+/// empty ConfigMap if no attempt ever made a key, so the sweep still knows
+/// the session).
 async fn mark(ctx: &Context, session_id: &str, deadline: Timestamp) -> Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
-    let name = output_keys::sealed_secret_name(session_id);
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    let name = output_keys::sealed_keys_name(session_id);
     let value = deadline.to_string();
-    match secrets.get_opt(&name).await? {
+    match maps.get_opt(&name).await? {
         Some(s) if s.annotations().get(ERASE_AFTER) == Some(&value) => Ok(()),
         Some(_) => {
             let patch = json!({"metadata": {"annotations": {ERASE_AFTER: value}}});
-            secrets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            maps.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             Ok(())
         }
         None => {
-            let secret = Secret {
+            let map = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(name),
                     labels: Some([(SESSION_ID_LABEL.to_owned(), session_id.to_owned())].into()),
                     annotations: Some([(ERASE_AFTER.to_owned(), value)].into()),
                     ..Default::default()
                 },
-                type_: Some("Opaque".into()),
                 ..Default::default()
             };
-            ignore_already_exists(secrets.create(&PostParams::default(), &secret).await)?;
+            ignore_already_exists(maps.create(&PostParams::default(), &map).await)?;
             Ok(())
         }
     }
@@ -84,25 +84,26 @@ async fn mark(ctx: &Context, session_id: &str, deadline: Timestamp) -> Result<()
 /// Destroys every output key of the session.
 async fn erase(ctx: &Context, session_id: &str, node_name: Option<&str>, attempts: i64) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
-    let mut names = vec![output_keys::sealed_secret_name(session_id)];
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
     if let Some(node) = node_name {
-        names.extend((1..=attempts).map(|a| output_keys::handoff_secret_name(node, session_id, a)));
+        for a in 1..=attempts {
+            let name = output_keys::handoff_secret_name(node, session_id, a);
+            ignore_not_found(secrets.delete(&name, &DeleteParams::default()).await)?;
+        }
     }
-    for name in names {
-        ignore_not_found(secrets.delete(&name, &DeleteParams::default()).await)?;
-    }
+    ignore_not_found(maps.delete(&output_keys::sealed_keys_name(session_id), &DeleteParams::default()).await)?;
     Ok(())
 }
 
 /// The sweep: erases every output-key Secret past its deadline, including
 /// those whose Sandbox is gone.
 pub async fn sweep(client: &kube::Client, system_namespace: &str) -> Result<Vec<String>> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), system_namespace);
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), system_namespace);
     let now = Timestamp::now();
     let mut erased = Vec::new();
-    for s in secrets.list(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items {
+    for s in maps.list(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items {
         let due = s.annotations().get(ERASE_AFTER).and_then(|v| v.parse::<Timestamp>().ok()).is_some_and(|d| d <= now);
-        if due && ignore_not_found(secrets.delete(&s.name_any(), &DeleteParams::default()).await)?.is_some() {
+        if due && ignore_not_found(maps.delete(&s.name_any(), &DeleteParams::default()).await)?.is_some() {
             erased.push(s.name_any());
         }
     }

@@ -50,10 +50,6 @@ A ClusterRole when watchNamespaces is empty, else a Role in each.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
-# Session keys and the one-time token delivery Secret: read by name, never listed.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "create", "patch", "delete"]
 # Events on Sandboxes, Commands and SessionTokens (kubectl describe).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use hangar_crds::output_keys;
 use hangar_gateway::auth::Auth;
 use hangar_gateway::index::Index;
 use hangar_gateway::output::OutputReader;
 use hangar_gateway::routes::{self, Gateway};
 use hangar_output::{OrgKey, OutputStore};
 use hangar_runtime::admin;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 
 #[derive(Parser, Debug)]
@@ -88,7 +89,8 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     registry.register("token_reviews", "TokenReviews sent to the apiserver", auth.token_reviews.clone());
     let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
-    let org = org_key(&secrets).await?;
+    let kek = output_kek(&secrets).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &settings.system_namespace);
     let store = OutputStore::from_url(
         &settings.output_store,
         &settings.output_s3_region,
@@ -98,7 +100,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let gw = Arc::new(Gateway {
         auth,
         index,
-        output: OutputReader::new(store, secrets, org),
+        output: OutputReader::new(store, maps, kek),
         long_poll: Duration::from_secs(settings.long_poll_seconds),
         client,
         http,
@@ -118,16 +120,19 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The organisation key, which the operator creates: wait for it.
-async fn org_key(secrets: &Api<Secret>) -> Result<OrgKey, Box<dyn std::error::Error>> {
+/// The output key-encryption key, which the operator creates: wait for
+/// it. (The only Secret the gateway may read.)
+async fn output_kek(secrets: &Api<Secret>) -> Result<OrgKey, Box<dyn std::error::Error>> {
+    let name = output_keys::OUTPUT_KEK_SECRET;
     loop {
-        match secrets.get_opt("hangar-org-key").await {
+        match secrets.get_opt(name).await {
             Ok(Some(s)) => {
-                let bytes = s.data.and_then(|d| d.get("key").cloned()).ok_or("hangar-org-key has no key")?;
+                let bytes =
+                    s.data.and_then(|d| d.get("key").cloned()).ok_or("the output key-encryption key is empty")?;
                 return Ok(OrgKey::from_bytes(&bytes.0)?);
             }
-            Ok(None) => tracing::info!("waiting for the operator to create the organisation key"),
-            Err(e) => tracing::warn!(error = %e, "could not read the organisation key yet; not serving"),
+            Ok(None) => tracing::info!("waiting for the operator to create the output key-encryption key"),
+            Err(e) => tracing::warn!(error = %e, "could not read the output key-encryption key yet; not serving"),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
