@@ -66,6 +66,8 @@ async fn no_key_or_token_reaches_any_log() {
 
     let mut needles: Vec<(String, String)> = vec![("member token".into(), member.chars().take(40).collect())];
     needles.extend(encodings(&org_bytes).into_iter().map(|e| ("organisation key".into(), e)));
+    let kek = secrets.get(hangar_crds::output_keys::OUTPUT_KEK_SECRET).await.unwrap().data.unwrap()["key"].0.clone();
+    needles.extend(encodings(&kek).into_iter().map(|e| ("output key-encryption key".into(), e)));
     needles.extend(encodings(&session_key).into_iter().map(|e| ("session key".into(), e)));
     for key in attempt_keys.values() {
         needles.extend(encodings(key).into_iter().map(|e| ("attempt key".into(), e)));
