@@ -518,3 +518,46 @@ async fn a_compromised_worker_writes_nothing_of_another_session() {
     );
     assert_eq!(cmds::phase(&victim_cmds.get("long").await.unwrap()), Some(CommandPhase::Running));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripped_finalizer_leaves_no_key_behind() {
+    use hangar_crds::output_keys;
+    let stack = shared_stack();
+    let ns = "iso-finalizer";
+    let (boxes, api, s) = sessions::running_box(stack, ns).await;
+    let sid = s.uid().unwrap();
+    cmds::create(&api, &sh("c", "box", "echo sealed")).await;
+    wait_command_phase(stack, &api, "c", CommandPhase::Exited).await;
+    let admin = stack.cp.client().await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let key = format!("hangar-session-key-{sid}");
+    assert!(secrets.get_opt(&key).await.unwrap().is_some(), "the workspace key exists while the session runs");
+    cmds::output_keys(&admin, &sid, 1).await;
+
+    // The tenant deletes the Sandbox without letting the operator reset it.
+    let tenant = stack.cp.client_as(&member_token(&stack.cp, ns, "owner", "*")).await.unwrap();
+    let theirs: Api<Sandbox> = Api::namespaced(tenant, ns);
+    theirs
+        .patch("box", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    theirs.delete("box", &DeleteParams::default()).await.unwrap();
+    let deadline = std::time::Instant::now() + sessions::DEADLINE;
+    loop {
+        let key_left = secrets.get_opt(&key).await.unwrap().is_some();
+        let ledger_left = maps.get_opt(&ledger::document_name(&sid)).await.unwrap().is_some();
+        let sealed = maps.get_opt(&output_keys::sealed_keys_name(&sid)).await.unwrap();
+        let deadline_set = sealed.as_ref().is_some_and(|m| m.annotations().contains_key("hangar.dev/erase-after"));
+        if !key_left && !ledger_left && deadline_set {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left behind: workspace key {key_left}, ledger {ledger_left}, output keys without a deadline {}",
+            !deadline_set
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(boxes.get_opt("box").await.unwrap().is_none());
+}

@@ -133,6 +133,10 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         client,
         settings.system_namespace.clone(),
         Duration::from_secs(settings.orphan_sweep_seconds),
+        // A gone Sandbox's own retention is gone with it: the default.
+        Duration::from_secs(
+            settings.retention_day_seconds * hangar_crds::sandbox::DEFAULT_OUTPUT_RETENTION_DAYS.unsigned_abs(),
+        ),
     ));
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
@@ -153,7 +157,13 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
-async fn sweep_loop(ec2: Ec2, client: kube::Client, system_namespace: String, every: Duration) {
+async fn sweep_loop(
+    ec2: Ec2,
+    client: kube::Client,
+    system_namespace: String,
+    every: Duration,
+    default_retention: Duration,
+) {
     loop {
         tokio::time::sleep(every).await;
         match hangar_operator::output_retention::sweep(&client, &system_namespace).await {
@@ -165,6 +175,11 @@ async fn sweep_loop(ec2: Ec2, client: kube::Client, system_namespace: String, ev
             Ok(s) if s.instances.is_empty() && s.volumes.is_empty() => {}
             Ok(s) => tracing::info!(instances = ?s.instances, volumes = ?s.volumes, "orphan sweep"),
             Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
+        }
+        match hangar_operator::orphan_sweep::sweep_keys(&client, &system_namespace, default_retention).await {
+            Ok(keys) if keys.is_empty() => {}
+            Ok(keys) => tracing::info!(?keys, "orphan sweep of keys and ledgers"),
+            Err(e) => tracing::warn!(error = %e, "orphan sweep of keys failed"),
         }
     }
 }
