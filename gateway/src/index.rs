@@ -9,6 +9,7 @@ use hangar_crds::{Command, Sandbox};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
+use hangar_runtime::kube_ext::log_watch_errors;
 use kube::runtime::{WatchStreamExt, watcher};
 
 #[derive(Clone)]
@@ -24,8 +25,8 @@ impl Index {
         let (commands, cw) = reflector::store();
         let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
         let c = reflector::reflector(cw, watcher(Api::<Command>::all(client), watcher::Config::default()));
-        tokio::spawn(s.default_backoff().for_each(|r| log_watch_error("Sandbox", r)));
-        tokio::spawn(c.default_backoff().for_each(|r| log_watch_error("Command", r)));
+        tokio::spawn(s.default_backoff().for_each(log_watch_errors("Sandbox")));
+        tokio::spawn(c.default_backoff().for_each(log_watch_errors("Command")));
         sandboxes.wait_until_ready().await?;
         commands.wait_until_ready().await?;
         Ok(Self { sandboxes, commands })
@@ -42,13 +43,4 @@ impl Index {
         list.sort_by_key(|c| (c.status.as_ref().and_then(|s| s.number).unwrap_or(i64::MAX), c.name_any()));
         list
     }
-}
-
-/// A watch that fails is retried with backoff; meanwhile the index may lag,
-/// so say so.
-fn log_watch_error<T>(kind: &'static str, r: Result<T, watcher::Error>) -> futures::future::Ready<()> {
-    if let Err(e) = r {
-        tracing::warn!(kind, error = %e, "watch failed; the index may lag until it is back");
-    }
-    futures::future::ready(())
 }

@@ -49,15 +49,16 @@ pub async fn read<T: DeserializeOwned + Default>(api: &Api<ConfigMap>, name: &st
     Ok(Read { document, resource_version: cm.metadata.resource_version })
 }
 
-/// Writes `next` over the version `read` came from; `Ok(false)` when the
-/// document changed (or was created) since, and nothing was written.
-pub async fn write<T: Serialize>(
+/// Writes `next` over the version `read` came from, and returns it as
+/// read back (with its new version); `Ok(None)` when the document changed
+/// (or was created) since, and nothing was written.
+pub async fn write<T: Serialize + Clone>(
     api: &Api<ConfigMap>,
     name: &str,
     labels: BTreeMap<String, String>,
     read: &Read<T>,
     next: &T,
-) -> Result<bool, kube::Error> {
+) -> Result<Option<Read<T>>, kube::Error> {
     let text = serde_json::to_string(next).expect("a document serialises");
     let cm = ConfigMap {
         metadata: ObjectMeta {
@@ -74,8 +75,8 @@ pub async fn write<T: Serialize>(
         Some(_) => api.replace(name, &PostParams::default(), &cm).await,
     };
     match written {
-        Ok(_) => Ok(true),
-        Err(e) if is_conflict(&e) || is_already_exists(&e) => Ok(false),
+        Ok(cm) => Ok(Some(Read { document: next.clone(), resource_version: cm.metadata.resource_version })),
+        Err(e) if is_conflict(&e) || is_already_exists(&e) => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -76,3 +76,17 @@ where
         Err(e) => Err(e),
     }
 }
+
+/// For a watch stream's `for_each`: a watch of `kind` that fails is
+/// retried (with the stream's backoff) and logged, never dropped silently;
+/// meanwhile a cache fed by it may lag.
+pub fn log_watch_errors<T>(
+    kind: &'static str,
+) -> impl FnMut(Result<T, kube::runtime::watcher::Error>) -> futures::future::Ready<()> {
+    move |r| {
+        if let Err(e) = r {
+            tracing::warn!(kind, error = %e, "watch failed; a cache fed by it may lag until it is back");
+        }
+        futures::future::ready(())
+    }
+}

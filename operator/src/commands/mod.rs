@@ -106,7 +106,7 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
     let mut next = stored.document.clone();
     let bound = next.bind(&live);
     if (numbering::assign(&mut next, &live) || bound)
-        && !json_document::write(&ledgers, &doc, ledger::document_labels(&session_id), &stored, &next).await?
+        && json_document::write(&ledgers, &doc, ledger::document_labels(&session_id), &stored, &next).await?.is_none()
     {
         // The webhook reserved a place meanwhile: read again.
         return Ok(Requeue::requeue(Duration::from_millis(20)));

@@ -10,6 +10,17 @@
 //! tenant's reach, a repeated review or a create of an existing name takes
 //! no place, and a reservation whose command never appeared is released.
 //! Numbers are given by the operator, after the create.
+//!
+//! Fast: a decision reads the Sandbox and the session's Commands from watch
+//! caches, and the ledger as this replica last wrote it; in the common case
+//! it costs one apiserver call, the compare-and-swap. Staleness is safe:
+//! - a Sandbox not in the cache yet is read from the API;
+//! - a command created a moment ago and not in the cache yet holds a
+//!   reservation that is counted anyway, and one deleted a moment ago only
+//!   makes the count stricter — except that its name would look taken, so a
+//!   name the cache shows as taken is checked against the API;
+//! - a ledger another writer changed fails the compare-and-swap and is read
+//!   again from the API.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,23 +29,18 @@ use std::time::Duration;
 use hangar_core::admission::command_creates;
 use hangar_core::commands::ledger::{self, Create, Ledger, Live, Place};
 use hangar_crds::{Command, Sandbox};
+use futures::StreamExt;
 use hangar_runtime::json_document;
+use hangar_runtime::kube_ext::log_watch_errors;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::oneshot;
 
 use super::{AdmissionError, Refusal};
-
-/// Admissions waiting per session. Concurrent creates for one session are
-/// decided together: whoever holds the session's turn takes every request
-/// queued so far, reads the session once, decides them in arrival order and
-/// reserves all the admitted places with one compare-and-swap. A burst of
-/// 64 creates then costs a few rounds, not 64 (the compare-and-swap still
-/// guards against other replicas).
-#[derive(Default)]
-pub struct SessionQueues(Mutex<HashMap<String, Arc<SessionQueue>>>);
 
 /// A decision, or why none could be made (shared by a whole batch).
 pub type Decided = Result<Result<Place, Refusal>, Arc<AdmissionError>>;
@@ -42,81 +48,185 @@ pub type Decided = Result<Result<Place, Refusal>, Arc<AdmissionError>>;
 /// A waiting create and where its answer goes.
 type Waiting = (Create, oneshot::Sender<Decided>);
 
-/// One session's waiting admissions and its turn.
+/// One session's waiting admissions and its turn. Concurrent creates for
+/// one session are decided together: whoever holds the session's turn takes
+/// every request queued so far, reads the session once, decides them in
+/// arrival order and reserves all the admitted places with one
+/// compare-and-swap.
 #[derive(Default)]
 struct SessionQueue {
     waiting: Mutex<Vec<Waiting>>,
     turn: tokio::sync::Mutex<()>,
+    /// The ledger as this replica last wrote it (and its version).
+    last_written: Mutex<Option<(String, json_document::Read<Ledger>)>>,
 }
 
-impl SessionQueues {
-    fn get(&self, key: String) -> Arc<SessionQueue> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+/// Command admission: the API, the watch caches and the sessions' queues.
+pub struct CommandAdmission {
+    client: kube::Client,
+    ledgers: Api<ConfigMap>,
+    sandboxes: Store<Sandbox>,
+    commands: Store<Command>,
+    queues: Mutex<HashMap<String, Arc<SessionQueue>>>,
+}
+
+impl CommandAdmission {
+    /// Starts the Sandbox and Command watches and waits for their first
+    /// lists.
+    pub async fn start(client: kube::Client, system_namespace: &str) -> Result<Self, AdmissionError> {
+        let (sandboxes, sw) = reflector::store();
+        let (commands, cw) = reflector::store();
+        let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
+        let c = reflector::reflector(cw, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()));
+        tokio::spawn(s.default_backoff().for_each(log_watch_errors("Sandbox")));
+        tokio::spawn(c.default_backoff().for_each(log_watch_errors("Command")));
+        sandboxes.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
+        commands.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
+        let ledgers = Api::namespaced(client.clone(), system_namespace);
+        Ok(Self { client, ledgers, sandboxes, commands, queues: Mutex::default() })
+    }
+
+    fn queue(&self, key: String) -> Arc<SessionQueue> {
+        let mut map = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         // Drop queues nobody holds, so the map does not grow with sessions.
         if map.len() > 1024 {
             map.retain(|_, q| Arc::strong_count(q) > 1);
         }
         map.entry(key).or_default().clone()
     }
-}
 
-/// Where the ledgers are kept.
-pub struct Ledgers {
-    pub api: Api<ConfigMap>,
-}
-
-impl Ledgers {
-    pub fn new(client: kube::Client, system_namespace: &str) -> Self {
-        Self { api: Api::namespaced(client, system_namespace) }
-    }
-}
-
-/// Reads, decides and (unless a dry run) reserves the command's place.
-pub async fn admit(
-    client: &kube::Client,
-    ledgers: &Ledgers,
-    queues: &SessionQueues,
-    namespace: &str,
-    command: &Command,
-    dry_run: bool,
-) -> Decided {
-    let name = &command.spec.sandbox;
-    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), namespace);
-    let commands: Api<Command> = Api::namespaced(client.clone(), namespace);
-    let create = Create { uid: command.uid().unwrap_or_default(), name: command.name_any() };
-    if dry_run {
-        // Decided on a fresh read; nothing is reserved.
-        let mut session = read(ledgers, &sandboxes, &commands, name).await.map_err(Arc::new)?;
-        let now = Timestamp::now().as_second();
-        let sandbox = session.sandbox.as_ref();
-        let mut decided = command_creates(namespace, name, sandbox, &mut session.ledger, &[create], &session.live, now);
-        return Ok(decided.remove(0));
-    }
-    let queue = queues.get(format!("{namespace}/{name}"));
-    let (tx, mut rx) = oneshot::channel();
-    queue.waiting.lock().unwrap_or_else(|p| p.into_inner()).push((create, tx));
-    let turn = queue.turn.lock().await;
-    // A batch decided while this one waited for its turn may hold it.
-    if let Ok(decided) = rx.try_recv() {
-        return decided;
-    }
-    let batch = std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|p| p.into_inner()));
-    let (creates, answers): (Vec<Create>, Vec<_>) = batch.into_iter().unzip();
-    match decide_batch(ledgers, &sandboxes, &commands, namespace, name, &creates).await {
-        Ok(decisions) => {
-            for (tx, d) in answers.into_iter().zip(decisions) {
-                let _ = tx.send(Ok(d));
+    /// Reads, decides and (unless a dry run) reserves the command's place.
+    pub async fn admit(&self, namespace: &str, command: &Command, dry_run: bool) -> Decided {
+        let name = &command.spec.sandbox;
+        let create = Create { uid: command.uid().unwrap_or_default(), name: command.name_any() };
+        let queue = self.queue(format!("{namespace}/{name}"));
+        if dry_run {
+            // Decided on a read; nothing is reserved.
+            let creates = [create];
+            let mut session = self.read(&queue, namespace, name, &creates).await.map_err(Arc::new)?;
+            let now = Timestamp::now().as_second();
+            let sandbox = session.sandbox.as_ref();
+            let mut decided = command_creates(namespace, name, sandbox, &mut session.ledger, &creates, &session.live, now);
+            return Ok(decided.remove(0));
+        }
+        let (tx, mut rx) = oneshot::channel();
+        queue.waiting.lock().unwrap_or_else(|p| p.into_inner()).push((create, tx));
+        let turn = queue.turn.lock().await;
+        // A batch decided while this one waited for its turn may hold it.
+        if let Ok(decided) = rx.try_recv() {
+            return decided;
+        }
+        let batch = std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|p| p.into_inner()));
+        let (creates, answers): (Vec<Create>, Vec<_>) = batch.into_iter().unzip();
+        match self.decide_batch(&queue, namespace, name, &creates).await {
+            Ok(decisions) => {
+                for (tx, d) in answers.into_iter().zip(decisions) {
+                    let _ = tx.send(Ok(d));
+                }
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                for tx in answers {
+                    let _ = tx.send(Err(e.clone()));
+                }
             }
         }
-        Err(e) => {
-            let e = Arc::new(e);
-            for tx in answers {
-                let _ = tx.send(Err(e.clone()));
+        drop(turn);
+        rx.await.unwrap_or_else(|_| Err(Arc::new(AdmissionError::Contended)))
+    }
+
+    /// The session: the Sandbox (cache, else API), its commands (cache;
+    /// a name among `creates` the cache shows taken is checked against the
+    /// API) and its ledger (as last written here, unless `fresh`).
+    async fn read(
+        &self,
+        queue: &SessionQueue,
+        namespace: &str,
+        name: &str,
+        creates: &[Create],
+    ) -> Result<Session, AdmissionError> {
+        self.read_with(queue, namespace, name, creates, false).await
+    }
+
+    async fn read_with(
+        &self,
+        queue: &SessionQueue,
+        namespace: &str,
+        name: &str,
+        creates: &[Create],
+        fresh: bool,
+    ) -> Result<Session, AdmissionError> {
+        let cached = self.sandboxes.get(&ObjectRef::new(name).within(namespace)).map(|s| (*s).clone());
+        let sandbox = match cached {
+            Some(s) if !fresh => Some(s),
+            _ => Api::<Sandbox>::namespaced(self.client.clone(), namespace).get_opt(name).await?,
+        };
+        let Some(sandbox) = sandbox else {
+            return Ok(Session { sandbox: None, ledger: Ledger::default(), stored: None, live: Vec::new() });
+        };
+        let session_id = sandbox.uid().unwrap_or_default();
+        let doc = ledger::document_name(&session_id);
+        let remembered = queue.last_written.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let stored = match remembered {
+            Some((d, read)) if d == doc && !fresh => read,
+            _ => json_document::read(&self.ledgers, &doc).await?,
+        };
+        // Every command under this Sandbox's name, of any earlier session
+        // too: their names are taken. The ledger counts only its own, by uid.
+        let ns = Some(namespace.to_owned());
+        let mut live: Vec<Live> = self
+            .commands
+            .state()
+            .iter()
+            .filter(|c| c.metadata.namespace == ns && c.spec.sandbox == name)
+            .map(|c| Live::of(c))
+            .collect();
+        let commands: Api<Command> = Api::namespaced(self.client.clone(), namespace);
+        for create in creates {
+            if live.iter().any(|l| l.name == create.name && l.uid != create.uid)
+                && commands.get_opt(&create.name).await?.is_none()
+            {
+                // Deleted since the cache saw it: the name is free.
+                live.retain(|l| l.name != create.name);
             }
         }
+        Ok(Session { sandbox: Some(sandbox), ledger: stored.document.clone(), stored: Some(stored), live })
     }
-    drop(turn);
-    rx.await.unwrap_or_else(|_| Err(Arc::new(AdmissionError::Contended)))
+
+    /// Decides the creates in arrival order on one read of the session and
+    /// reserves the admitted ones together; a lost race reads again, from
+    /// the API.
+    async fn decide_batch(
+        &self,
+        queue: &SessionQueue,
+        namespace: &str,
+        name: &str,
+        creates: &[Create],
+    ) -> Result<Vec<Result<Place, Refusal>>, AdmissionError> {
+        for attempt in 0..64u32 {
+            let mut session = self.read_with(queue, namespace, name, creates, attempt > 0).await?;
+            let now = Timestamp::now().as_second();
+            let sandbox = session.sandbox.as_ref();
+            let decisions = command_creates(namespace, name, sandbox, &mut session.ledger, creates, &session.live, now);
+            let reserved = decisions.iter().any(|d| d == &Ok(Place::Reserved));
+            let (Some(sandbox), Some(stored), true) = (&session.sandbox, &session.stored, reserved) else {
+                return Ok(decisions);
+            };
+            let session_id = sandbox.uid().unwrap_or_default();
+            let doc = ledger::document_name(&session_id);
+            let labels = ledger::document_labels(&session_id);
+            if let Some(written) = json_document::write(&self.ledgers, &doc, labels, stored, &session.ledger).await? {
+                *queue.last_written.lock().unwrap_or_else(|p| p.into_inner()) = Some((doc, written));
+                return Ok(decisions);
+            }
+            // Another replica, or the operator numbering, wrote first.
+            if attempt > 0 {
+                let jitter = u64::from(attempt % 7) * 3;
+                tokio::time::sleep(Duration::from_millis(2 + jitter)).await;
+            }
+        }
+        Err(AdmissionError::Contended)
+    }
 }
 
 /// What a decision reads: the session, its ledger and its commands.
@@ -125,66 +235,4 @@ struct Session {
     ledger: Ledger,
     stored: Option<json_document::Read<Ledger>>,
     live: Vec<Live>,
-}
-
-async fn read(
-    ledgers: &Ledgers,
-    sandboxes: &Api<Sandbox>,
-    commands: &Api<Command>,
-    name: &str,
-) -> Result<Session, AdmissionError> {
-    let Some(sandbox) = sandboxes.get_opt(name).await? else {
-        return Ok(Session { sandbox: None, ledger: Ledger::default(), stored: None, live: Vec::new() });
-    };
-    let session_id = sandbox.uid().unwrap_or_default();
-    let stored: json_document::Read<Ledger> =
-        json_document::read(&ledgers.api, &ledger::document_name(&session_id)).await?;
-    // Every command under this Sandbox's name, of any earlier session too:
-    // their names are taken. The ledger counts only its own, by uid.
-    let list = commands.list(&ListParams::default().fields(&format!("spec.sandbox={name}"))).await?.items;
-    Ok(Session {
-        sandbox: Some(sandbox),
-        ledger: stored.document.clone(),
-        stored: Some(stored),
-        live: list.iter().map(Live::of).collect(),
-    })
-}
-
-/// Decides the creates in arrival order on one read of the session and
-/// reserves the admitted ones together; a lost race reads again.
-async fn decide_batch(
-    ledgers: &Ledgers,
-    sandboxes: &Api<Sandbox>,
-    commands: &Api<Command>,
-    namespace: &str,
-    name: &str,
-    creates: &[Create],
-) -> Result<Vec<Result<Place, Refusal>>, AdmissionError> {
-    for attempt in 0..64u32 {
-        let mut session = read(ledgers, sandboxes, commands, name).await?;
-        let now = Timestamp::now().as_second();
-        let decisions = command_creates(
-            namespace,
-            name,
-            session.sandbox.as_ref(),
-            &mut session.ledger,
-            creates,
-            &session.live,
-            now,
-        );
-        let reserved = decisions.iter().any(|d| d == &Ok(Place::Reserved));
-        let (Some(sandbox), Some(stored), true) = (&session.sandbox, &session.stored, reserved) else {
-            return Ok(decisions);
-        };
-        let session_id = sandbox.uid().unwrap_or_default();
-        let doc = ledger::document_name(&session_id);
-        let labels = ledger::document_labels(&session_id);
-        if json_document::write(&ledgers.api, &doc, labels, stored, &session.ledger).await? {
-            return Ok(decisions);
-        }
-        // Another replica, or the operator numbering, wrote first: read again.
-        let jitter = u64::from(attempt % 7) * 3;
-        tokio::time::sleep(Duration::from_millis(2 + jitter)).await;
-    }
-    Err(AdmissionError::Contended)
 }

@@ -47,9 +47,7 @@ struct Settings {
 
 /// What every admission shares.
 struct Webhook {
-    client: kube::Client,
-    ledgers: commands::Ledgers,
-    queues: commands::SessionQueues,
+    commands: commands::CommandAdmission,
     http: HttpMetrics,
     metrics: AdmissionMetrics,
 }
@@ -75,9 +73,7 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
         tracing::warn!("no client CA: any client that reaches the port can send reviews (rely on a NetworkPolicy)");
     }
     let wh = Arc::new(Webhook {
-        ledgers: commands::Ledgers::new(client.clone(), &settings.system_namespace),
-        client,
-        queues: commands::SessionQueues::default(),
+        commands: commands::CommandAdmission::start(client, &settings.system_namespace).await?,
         http: HttpMetrics::default(),
         metrics: AdmissionMetrics::default(),
     });
@@ -137,7 +133,7 @@ async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value
     let ns = req.namespace.clone().unwrap_or_default();
     let span = tracing::info_span!("admit_command", namespace = %ns, sandbox = %command.spec.sandbox);
     let decision =
-        commands::admit(&wh.client, &wh.ledgers, &wh.queues, &ns, command, req.dry_run).instrument(span).await?;
+        wh.commands.admit(&ns, command, req.dry_run).instrument(span).await?;
     match &decision {
         Err(r) => tracing::info!(code = r.code.as_str(), "refused"),
         Ok(place) => tracing::debug!(?place, "admitted"),
