@@ -43,9 +43,11 @@ moto:
 ## Benchmarks (release build): the lifecycle (latency, EC2 call counts and
 ## memory over 100 sessions, 1,000 paused for memory) and commands (create
 ## to process start, 1 GiB of output, long-poll wake, worker and gateway
-## memory), and admission (a burst of 64 creates for one session).
+## memory), admission (a burst of 64 creates for one session; reviews at a
+## steady 200/s) and the gateway's auth overhead per request.
 bench: deps
 	$(CARGO) build --release --workspace --bins
 	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)
 	$(CARGO_TARGET_DIR)/release/commands-bench
 	$(CARGO_TARGET_DIR)/release/admission-bench
+	$(CARGO_TARGET_DIR)/release/gateway-auth-bench

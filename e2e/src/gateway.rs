@@ -37,6 +37,11 @@ impl GatewayProcess {
     }
 
     pub fn start(cp: &ControlPlane, output_dir: &std::path::Path) -> Result<Self> {
+        Self::start_with(cp, output_dir, &[])
+    }
+
+    /// With more environment (a benchmark lifts the per-caller rate).
+    pub fn start_with(cp: &ControlPlane, output_dir: &std::path::Path, env: &[(&str, &str)]) -> Result<Self> {
         let port = free_port();
         let admin_port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-gateway"));
@@ -48,8 +53,10 @@ impl GatewayProcess {
             .env("HANGAR_SYSTEM_NAMESPACE", SYSTEM_NAMESPACE)
             .env("HANGAR_OUTPUT_STORE", output_dir)
             .env("RUST_LOG", "info");
+        cmd.envs(env.iter().copied());
         let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join("gateway.log"))?;
-        // It waits for the operator's organisation key before it listens.
+        // It waits for the operator's output key-encryption key before it
+        // listens.
         wait_until("hangar-gateway /readyz", &mut process, Duration::from_secs(60), || {
             port_open(port) && crate::process::http_get(admin_port, "/readyz").is_ok_and(|(s, _)| s == 200)
         })?;

@@ -43,7 +43,7 @@ impl LocalStack {
         if !status.status.success() && !String::from_utf8_lossy(&status.stderr).contains("AlreadyExists") {
             tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
         }
-        apply_chart_parts(&cp, &WORKER_IDENTITY)?;
+        apply_chart_parts(&cp, &CHART_IDENTITIES_AND_POLICIES)?;
         let webhook = WebhookProcess::start(&cp)?;
         webhook.register(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -101,10 +101,14 @@ pub fn shared_stack() -> &'static LocalStack {
 }
 
 /// The chart's templates that give the simulated workers the identity they
-/// have in a real cluster: the ServiceAccounts, the worker's RBAC and its
-/// node restriction policy.
-pub const WORKER_IDENTITY: [&str; 3] =
-    ["templates/serviceaccounts.yaml", "templates/rbac-worker.yaml", "templates/worker-node-restriction.yaml"];
+/// have in a real cluster (the ServiceAccounts, the worker's RBAC and its
+/// node restriction policy) and keep foreign Pods off session nodes.
+pub const CHART_IDENTITIES_AND_POLICIES: [&str; 4] = [
+    "templates/serviceaccounts.yaml",
+    "templates/rbac-worker.yaml",
+    "templates/worker-node-restriction.yaml",
+    "templates/session-node-restriction.yaml",
+];
 
 /// Renders `templates` of the chart (release `hangar` in the system
 /// namespace) and applies them, so the local stack runs on the chart's

@@ -561,3 +561,56 @@ async fn a_stripped_finalizer_leaves_no_key_behind() {
     }
     assert!(boxes.get_opt("box").await.unwrap().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_foreign_pod_and_no_impostor_node_reaches_a_session() {
+    use k8s_openapi::api::core::v1::Node;
+    let stack = shared_stack();
+    let (admin, sid) = victim(stack, "iso-nodes").await;
+    let boxes: Api<Sandbox> = Api::namespaced(admin.clone(), "iso-nodes");
+    let victim_box = boxes.get("box").await.unwrap();
+    let node = victim_box.status.as_ref().unwrap().node_name.clone().unwrap();
+    ensure_namespace(&admin, "iso-pinner").await;
+    let tenant = stack.cp.client_as(&member_token(&stack.cp, "iso-pinner", "pinner", "")).await.unwrap();
+    // The tenant may create Pods in its namespace…
+    let grant = ["create", "role", "pods", "-n", "iso-pinner", "--verb=create", "--resource=pods"];
+    stack.cp.kubectl().args(grant).output().unwrap();
+    let bind =
+        ["create", "rolebinding", "pods", "-n", "iso-pinner", "--role=pods", "--serviceaccount=iso-pinner:pinner"];
+    stack.cp.kubectl().args(bind).output().unwrap();
+    let pods: Api<Pod> = Api::namespaced(tenant, "iso-pinner");
+    let pod = |spec: Value| -> Pod {
+        let mut base = json!({"containers": [{"name": "c", "image": "registry.example/x@sha256:00"}]});
+        base.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(json!({"metadata": {"generateName": "pinned-"}, "spec": base})).unwrap()
+    };
+    // …but none pinned to the session's node, and none tolerating its taint.
+    let pinned = pods.create(&PostParams::default(), &pod(json!({"nodeName": node}))).await;
+    policy("a Pod pinned to a session node by spec.nodeName", pinned);
+    let tolerating = json!({"tolerations": [{"key": "hangar.dev/session", "operator": "Exists"}]});
+    policy("a Pod tolerating the session taint", pods.create(&PostParams::default(), &pod(tolerating)).await);
+    let everything = json!({"tolerations": [{"operator": "Exists"}]});
+    policy("a Pod tolerating every taint", pods.create(&PostParams::default(), &pod(everything)).await);
+    assert!(pods.create(&PostParams::default(), &pod(json!({}))).await.is_ok(), "an ordinary Pod is still created");
+
+    // A Node (as a compromised kubelet could register) claiming the
+    // session's instance does not become the session's node.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let provider = nodes.get(&node).await.unwrap().spec.unwrap().provider_id.unwrap();
+    let impostor: Node = serde_json::from_value(json!({
+        "metadata": {"name": "impostor-node"}, "spec": {"providerID": provider},
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &impostor).await.unwrap();
+    let api: Api<Command> = Api::namespaced(admin.clone(), "iso-nodes");
+    cmds::create(&api, &sh("after-impostor", "box", "echo still-mine")).await;
+    let c = wait_command_phase(stack, &api, "after-impostor", CommandPhase::Exited).await;
+    assert_eq!(c.status.as_ref().unwrap().node_name.as_deref(), Some(node.as_str()), "stamped with the session's node");
+    let now = boxes.get("box").await.unwrap();
+    assert_eq!(now.status.as_ref().unwrap().node_name.as_deref(), Some(node.as_str()), "the session kept its node");
+    assert_eq!(sessions::phase(&now), Some(Phase::Running));
+    let labels = nodes.get("impostor-node").await.unwrap().metadata.labels.unwrap_or_default();
+    assert!(!labels.contains_key("hangar.dev/session"), "the impostor was not prepared for the session");
+    nodes.delete("impostor-node", &DeleteParams::default()).await.unwrap();
+    let _ = sid;
+}

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use hangar_crds::{Command, Sandbox};
+use hangar_runtime::kube_ext::log_watch_errors;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
-use hangar_runtime::kube_ext::log_watch_errors;
 use kube::runtime::{WatchStreamExt, watcher};
 
 #[derive(Clone)]

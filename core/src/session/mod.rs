@@ -2,5 +2,6 @@
 
 pub mod ending;
 pub mod instance;
+pub mod node_choice;
 pub mod phase_machine;
 pub mod reset;

@@ -174,8 +174,14 @@ impl Ec2 {
                     )
                     .user_data(&user_data)
                     .instance_initiated_shutdown_behavior(ShutdownBehavior::Stop)
+                    // IMDSv2 only, one hop: a process on the node reaches
+                    // the instance's metadata, a Pod (one hop further) does
+                    // not, so no sandbox reaches the instance credentials.
                     .metadata_options(
-                        InstanceMetadataOptionsRequest::builder().http_tokens(HttpTokensState::Required).build(),
+                        InstanceMetadataOptionsRequest::builder()
+                            .http_tokens(HttpTokensState::Required)
+                            .http_put_response_hop_limit(1)
+                            .build(),
                     )
                     .tag_specifications(req.tags.spec(ResourceType::Instance, &[]))
                     .send()

@@ -17,6 +17,7 @@ use crate::keys;
 use crate::node::agent_pod;
 use crate::node::labels::{SESSION_LABEL, SESSION_TAINT, instance_of_provider_id};
 use hangar_core::session::ending::StopReason;
+use hangar_core::session::node_choice::{self, NodeChoice};
 use hangar_core::session::phase_machine::{AgentState, Desired, Observed, VolumeState, WorkerReport};
 
 pub struct Observation {
@@ -42,15 +43,33 @@ pub fn desired(sandbox: &Sandbox) -> Desired {
     }
 }
 
-pub fn find_node(ctx: &Context, instance_id: &str) -> Option<Node> {
-    ctx.nodes
-        .state()
-        .into_iter()
-        .find(|n| {
+/// The session's Node: the one whose providerID names its instance
+/// (`hangar_core::session::node_choice`: never one of several claims, and
+/// only the recorded one once there is one).
+pub fn find_node(ctx: &Context, instance_id: &str, recorded: Option<&str>) -> Option<Node> {
+    let nodes = ctx.nodes.state();
+    let claims: Vec<&str> = nodes
+        .iter()
+        .filter(|n| {
             n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(instance_of_provider_id)
                 == Some(instance_id)
         })
-        .map(|n| (*n).clone())
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    match node_choice::choose(&claims, recorded) {
+        NodeChoice::Chosen(name) => {
+            nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name)).map(|n| (**n).clone())
+        }
+        NodeChoice::None => None,
+        NodeChoice::Ambiguous(names) => {
+            tracing::warn!(instance = instance_id, nodes = ?names, "several Nodes claim the session's instance; trusting none");
+            None
+        }
+        NodeChoice::NotTheRecorded => {
+            tracing::warn!(instance = instance_id, recorded, nodes = ?claims, "a Node other than the session's claims its instance; ignored");
+            None
+        }
+    }
 }
 
 fn ready_condition(node: &Node) -> Option<bool> {
@@ -83,7 +102,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     let name = sandbox.metadata.name.clone().unwrap_or_default();
 
     let instance = ctx.instances.get(session_id);
-    let node = instance.as_ref().and_then(|i| find_node(ctx, &i.id));
+    let node = instance.as_ref().and_then(|i| find_node(ctx, &i.id, status.node_name.as_deref()));
     let ready = node.as_ref().and_then(ready_condition);
 
     // The worker's Lease on the session's node: fresh, for this session,

@@ -26,10 +26,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use hangar_core::admission::command_creates;
 use hangar_core::commands::ledger::{self, Create, Ledger, Live, Place};
 use hangar_crds::{Command, Sandbox};
-use futures::StreamExt;
 use hangar_runtime::json_document;
 use hangar_runtime::kube_ext::log_watch_errors;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -106,7 +106,8 @@ impl CommandAdmission {
             let mut session = self.read(&queue, namespace, name, &creates).await.map_err(Arc::new)?;
             let now = Timestamp::now().as_second();
             let sandbox = session.sandbox.as_ref();
-            let mut decided = command_creates(namespace, name, sandbox, &mut session.ledger, &creates, &session.live, now);
+            let mut decided =
+                command_creates(namespace, name, sandbox, &mut session.ledger, &creates, &session.live, now);
             return Ok(decided.remove(0));
         }
         let (tx, mut rx) = oneshot::channel();

@@ -132,8 +132,7 @@ async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value
     let command = req.object.as_ref().ok_or(AdmissionError::NoObject)?;
     let ns = req.namespace.clone().unwrap_or_default();
     let span = tracing::info_span!("admit_command", namespace = %ns, sandbox = %command.spec.sandbox);
-    let decision =
-        wh.commands.admit(&ns, command, req.dry_run).instrument(span).await?;
+    let decision = wh.commands.admit(&ns, command, req.dry_run).instrument(span).await?;
     match &decision {
         Err(r) => tracing::info!(code = r.code.as_str(), "refused"),
         Ok(place) => tracing::debug!(?place, "admitted"),
