@@ -15,6 +15,7 @@ pub mod sandbox;
 pub mod sandbox_template;
 mod schema;
 pub mod session_token;
+pub mod worker_identity;
 
 pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job_id};
 pub use error_code::ErrorCode;

@@ -276,6 +276,11 @@ fn chart_installs_and_grants_least_privilege() {
     yes(op, &["patch", "nodes"]);
     yes(op, &["update", "leases.coordination.k8s.io", "-n", "hangar-system"]);
     yes(op, &["update", "configmaps", "-n", "hangar-system"]);
+    yes(op, &["create", "serviceaccounts", "-n", "hangar-system"]);
+    no(op, &["create", "serviceaccounts", "-n", "team-a"]);
+    yes(op, &["create", "rolebindings", "-n", "team-a"]);
+    yes(op, &["bind", "clusterroles/hangar-session-worker"]);
+    no(op, &["bind", "clusterroles/cluster-admin"]);
     no(op, &["update", "configmaps", "-n", "team-a"]);
     no(op, &["list", "secrets", "-n", "team-a"]);
     no(op, &["delete", "nodes"]);
@@ -314,7 +319,11 @@ fn chart_installs_and_grants_least_privilege() {
     no(gw, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
 
     let worker = "hangar-worker";
-    yes(worker, &["patch", "commands.hangar.dev", "--subresource=status", "-n", "team-a"]);
+    // Its session's Commands it reads and reports as its node's account,
+    // bound in that namespace only: as itself, nothing of any tenant.
+    no(worker, &["list", "commands.hangar.dev", "-n", "team-a"]);
+    no(worker, &["patch", "commands.hangar.dev", "--subresource=status", "-n", "team-a"]);
+    yes(worker, &["create", "serviceaccounts", "--subresource=token", "-n", "hangar-system"]);
     yes(worker, &["update", "leases.coordination.k8s.io", "-n", "hangar-system"]);
     no(worker, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
     no(worker, &["create", "commands.hangar.dev", "-n", "team-a"]);

@@ -465,21 +465,7 @@ async fn a_compromised_worker_writes_nothing_of_another_session() {
     policy("RBAC: read the organisation key", w_secrets.get("hangar-org-key").await);
     policy("RBAC: read a hand-off back", w_secrets.list(&ListParams::default()).await);
 
-    // Commands: the victim's status, and moving its own to the victim's node.
     let w_victim_cmds: Api<Command> = Api::namespaced(worker.clone(), "iso-node-a");
-    let end = json!({"status": {"phase": "exited", "exitCode": 0}});
-    policy(
-        "end the victim's running command",
-        w_victim_cmds.patch_status("long", &PatchParams::default(), &Patch::Merge(&end)).await,
-    );
-    cmds::create(&own_cmds, &sh("mine", "box", "exec sleep 300")).await;
-    wait_command_phase(stack, &own_cmds, "mine", CommandPhase::Running).await;
-    let w_own_cmds: Api<Command> = Api::namespaced(worker.clone(), "iso-node-b");
-    let restamp = json!({"status": {"nodeName": victim_node}});
-    policy(
-        "move its own command to the victim's node",
-        w_own_cmds.patch_status("mine", &PatchParams::default(), &Patch::Merge(&restamp)).await,
-    );
     policy("RBAC: create a command", w_victim_cmds.create(&PostParams::default(), &sh("x", "box", "id")).await);
     let boxes: Api<Sandbox> = Api::namespaced(worker.clone(), "iso-node-a");
     let ended = json!({"status": {"phase": "ended"}});
@@ -492,6 +478,57 @@ async fn a_compromised_worker_writes_nothing_of_another_session() {
     policy(
         "RBAC: relabel its node for another session",
         nodes.patch(&own_node, &PatchParams::default(), &Patch::Merge(&relabel)).await,
+    );
+
+    // Reads: as itself, nothing of any tenant; its node's account is bound
+    // in its own session's namespace only, and it may mint a token for
+    // that account and no other.
+    let w_victim_list: Api<Command> = Api::namespaced(worker.clone(), "iso-node-a");
+    policy("RBAC: list the victim's commands (argv, env)", w_victim_list.list(&ListParams::default()).await);
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(worker.clone(), SYSTEM_NAMESPACE);
+    let bound_to = |node: &k8s_openapi::api::core::v1::Node| -> k8s_openapi::api::authentication::v1::TokenRequest {
+        serde_json::from_value(json!({"spec": {"boundObjectRef": {"apiVersion": "v1", "kind": "Node",
+            "name": node.metadata.name, "uid": node.metadata.uid}}}))
+        .unwrap()
+    };
+    let admin_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let own = admin_nodes.get(&own_node).await.unwrap();
+    let victims = admin_nodes.get(&victim_node).await.unwrap();
+    let victim_account = hangar_crds::worker_identity::account_name(&victim_node);
+    policy(
+        "mint a token for the victim node's account",
+        accounts.create_token_request(&victim_account, &PostParams::default(), &bound_to(&own)).await,
+    );
+    let own_account = hangar_crds::worker_identity::account_name(&own_node);
+    policy(
+        "mint its own node's account token bound to the victim's node",
+        accounts.create_token_request(&own_account, &PostParams::default(), &bound_to(&victims)).await,
+    );
+    let minted = accounts.create_token_request(&own_account, &PostParams::default(), &bound_to(&own)).await;
+    let token = minted.expect("its own node's account").status.and_then(|s| s.token).unwrap();
+    let as_node = stack.cp.client_as(&token).await.unwrap();
+    let n_victim: Api<Command> = Api::namespaced(as_node.clone(), "iso-node-a");
+    policy("RBAC: list the victim's commands as its node's account", n_victim.list(&ListParams::default()).await);
+    let n_own: Api<Command> = Api::namespaced(as_node, "iso-node-b");
+    assert!(n_own.list(&ListParams::default()).await.is_ok(), "its own session's commands it reads");
+
+    // Command status: the victim's (as itself and as its node's account),
+    // and moving its own command to the victim's node.
+    let end = json!({"status": {"phase": "exited", "exitCode": 0}});
+    policy(
+        "RBAC: end the victim's running command",
+        w_victim_cmds.patch_status("long", &PatchParams::default(), &Patch::Merge(&end)).await,
+    );
+    policy(
+        "RBAC: end the victim's running command as its node's account",
+        n_victim.patch_status("long", &PatchParams::default(), &Patch::Merge(&end)).await,
+    );
+    cmds::create(&own_cmds, &sh("mine", "box", "exec sleep 300")).await;
+    wait_command_phase(stack, &own_cmds, "mine", CommandPhase::Running).await;
+    let restamp = json!({"status": {"nodeName": victim_node}});
+    policy(
+        "move its own command to the victim's node",
+        n_own.patch_status("mine", &PatchParams::default(), &Patch::Merge(&restamp)).await,
     );
 
     // A worker token not bound to a Pod names no node: it writes nothing,
@@ -533,6 +570,9 @@ async fn a_stripped_finalizer_leaves_no_key_behind() {
     let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let key = format!("hangar-session-key-{sid}");
     assert!(secrets.get_opt(&key).await.unwrap().is_some(), "the workspace key exists while the session runs");
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let account = hangar_crds::worker_identity::account_name(s.status.as_ref().unwrap().node_name.as_ref().unwrap());
+    assert!(accounts.get_opt(&account).await.unwrap().is_some(), "the worker's node account exists while it runs");
     cmds::output_keys(&admin, &sid, 1).await;
 
     // The tenant deletes the Sandbox without letting the operator reset it.
@@ -549,12 +589,14 @@ async fn a_stripped_finalizer_leaves_no_key_behind() {
         let ledger_left = maps.get_opt(&ledger::document_name(&sid)).await.unwrap().is_some();
         let sealed = maps.get_opt(&output_keys::sealed_keys_name(&sid)).await.unwrap();
         let deadline_set = sealed.as_ref().is_some_and(|m| m.annotations().contains_key("hangar.dev/erase-after"));
-        if !key_left && !ledger_left && deadline_set {
+        let account_left = accounts.get_opt(&account).await.unwrap().is_some();
+        if !key_left && !ledger_left && deadline_set && !account_left {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "left behind: workspace key {key_left}, ledger {ledger_left}, output keys without a deadline {}",
+            "left behind: workspace key {key_left}, ledger {ledger_left}, node account {account_left}, \
+             output keys without a deadline {}",
             !deadline_set
         );
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -84,6 +84,14 @@ async fn launch_pause_resume_end_on_the_same_instance() {
     assert!(session_volumes(&ec2, &session).await.iter().all(|(_, state)| state == "deleted"), "volume deleted");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "hangar-system");
     assert!(secrets.get_opt(&format!("hangar-session-key-{session}")).await.unwrap().is_none(), "key destroyed");
+    // The worker's node account goes with the instance, and its binding in
+    // the session's namespace.
+    let mine = kube::api::ListParams::default().labels(&format!("hangar.dev/session-id={session}"));
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "hangar-system");
+    assert!(accounts.list(&mine).await.unwrap().items.is_empty(), "node account deleted");
+    let ns = s.namespace().unwrap();
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> = Api::namespaced(client.clone(), &ns);
+    assert!(bindings.list(&mine).await.unwrap().items.is_empty(), "its binding deleted");
     let s = wait_for(&api, "box", "without finalizer", |s| s.finalizers().is_empty()).await;
     assert_eq!(phase(&s), Some(Phase::Ended));
 }

@@ -2,8 +2,8 @@
 //! without its reset (a tenant stripped the finalizer, say) is removed all
 //! the same:
 //! - a tagged instance or workspace volume is terminated or deleted;
-//! - its workspace key (and any output-key hand-off) is destroyed, and its
-//!   command ledger deleted;
+//! - its workspace key (and any output-key hand-off) is destroyed, its
+//!   command ledger and its worker's node account deleted;
 //! - its sealed output keys get an erase deadline if they had none (the
 //!   default retention from now: the Sandbox, with its own setting, is
 //!   gone), and the retention sweep erases them then.
@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use hangar_core::commands::ledger;
 use hangar_crds::Sandbox;
 use hangar_crds::output_keys::{self, SESSION_ID_LABEL};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -52,6 +52,8 @@ pub async fn sweep_keys(
     let keyed = secrets.list_metadata(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items;
     let sealed = maps.list_metadata(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items;
     let ledgers = maps.list_metadata(&ListParams::default().labels(ledger::SESSION_LABEL)).await?.items;
+    let accounts_api: Api<ServiceAccount> = Api::namespaced(client.clone(), system_namespace);
+    let accounts = accounts_api.list_metadata(&ListParams::default().labels(SESSION_ID_LABEL)).await?.items;
     let live = live_sessions(client).await?;
     let gone = |labels: &std::collections::BTreeMap<String, String>, label: &str| {
         labels.get(label).is_some_and(|s| !live.contains(s))
@@ -61,6 +63,12 @@ pub async fn sweep_keys(
         tracing::warn!(secret = %s.name_any(), "destroying a key whose session is gone");
         ignore_not_found(secrets.delete(&s.name_any(), &DeleteParams::default()).await)?;
         swept.push(s.name_any());
+    }
+    // A worker's node account: its RoleBinding (in the session's
+    // namespace) grants nothing once the account is gone.
+    for a in accounts.iter().filter(|o| gone(o.labels(), SESSION_ID_LABEL)) {
+        ignore_not_found(accounts_api.delete(&a.name_any(), &DeleteParams::default()).await)?;
+        swept.push(a.name_any());
     }
     for m in ledgers.iter().filter(|o| gone(o.labels(), ledger::SESSION_LABEL)) {
         ignore_not_found(maps.delete(&m.name_any(), &DeleteParams::default()).await)?;

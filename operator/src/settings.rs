@@ -43,6 +43,10 @@ pub struct Settings {
     /// Namespace of the operator's own Leases (leader election, heartbeats).
     #[arg(long, env = "POD_NAMESPACE", default_value = "hangar-system")]
     pub system_namespace: String,
+    /// The ClusterRole the workers' per-node accounts are bound to in their
+    /// session's namespace (the chart's `<release>-session-worker`).
+    #[arg(long, env = "HANGAR_SESSION_WORKER_ROLE", default_value = "hangar-session-worker")]
+    pub session_worker_role: String,
     /// Serve only these namespaces (comma-separated); empty: all.
     #[arg(long, env = "HANGAR_WATCH_NAMESPACES", value_delimiter = ',')]
     pub watch_namespaces: Vec<String>,

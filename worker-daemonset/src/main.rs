@@ -1,9 +1,15 @@
 //! hangar-worker: one per session node. Finds its session from the node's
-//! labels, opens the workspace, heartbeats the session's Lease (which
-//! attempt it serves), runs the session's Commands through the supervisor
-//! (`commands`), and at a pause, once every running command has ended,
-//! closes the workspace and reports it on the Lease so the operator can
-//! stop the instance.
+//! labels, opens the workspace, heartbeats its node's Lease (which session
+//! and attempt it serves), runs the session's Commands through the
+//! supervisor (`commands`), and at a pause, once every running command has
+//! ended, closes the workspace and reports it on the Lease so the operator
+//! can stop the instance.
+//!
+//! Two identities: its own (the DaemonSet's account, a token bound to its
+//! Pod and so to its node) for the node, the heartbeat and the key
+//! hand-off; and its node's account (`hangar_crds::worker_identity`),
+//! whose token it mints, for the session's Sandbox and Commands — bound in
+//! the session's namespace only.
 
 use hangar_worker::{commands, workspace};
 
@@ -35,6 +41,8 @@ enum Error {
     Kube(#[from] kube::Error),
     #[error("workspace: {0}")]
     Workspace(#[from] std::io::Error),
+    #[error("the apiserver issued no token for the node's account")]
+    NoToken,
     #[error("environment variable {0} is not set")]
     Env(&'static str),
     #[error("the watch of node {0} ended before the operator labelled it")]
@@ -93,8 +101,8 @@ async fn main() -> ExitCode {
     hangar_runtime::telemetry::init();
     let result = async {
         let config = Config::from_env()?;
-        let client = Client::try_default().await?;
-        run(client, config).await
+        let base = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+        run(base, config).await
     };
     match result.await {
         Ok(()) => ExitCode::SUCCESS,
@@ -106,7 +114,9 @@ async fn main() -> ExitCode {
 }
 
 /// Waits until the operator has labelled this node for a session.
-async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, String), Error> {
+/// Waits until the operator has labelled this node for a session: the
+/// session's namespace and name, and the node's uid.
+async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, String, String), Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     let mut stream = watcher(nodes, cfg).default_backoff().applied_objects().boxed();
@@ -114,21 +124,57 @@ async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, St
         let Ok(node) = node else { continue };
         let labels = node.labels();
         if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
-            return Ok((ns.clone(), name.clone()));
+            return Ok((ns.clone(), name.clone(), node.uid().unwrap_or_default()));
         }
     }
     Err(Error::NodeWatchEnded(node_name.to_owned()))
 }
 
-async fn run(client: Client, config: Config) -> Result<(), Error> {
+/// How long the node's account token lasts: longer than a session can run
+/// without a restart of its node (a pause restarts the worker, which mints
+/// a fresh one; `stopAfterSeconds` is at most 7 days).
+const SESSION_TOKEN_SECONDS: i64 = 8 * 24 * 3600;
+
+/// A client as the node's account, with a token minted for it and bound to
+/// the node (so it names the node, and dies with it). The operator makes
+/// the account before it labels the node, so it exists by now; an
+/// apiserver not answering is tried again.
+async fn session_client(
+    base: &kube::Config,
+    client: &Client,
+    config: &Config,
+    node_uid: &str,
+) -> Result<Client, Error> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &config.system_namespace);
+    let account = hangar_crds::worker_identity::account_name(&config.node_name);
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {
+        "expirationSeconds": SESSION_TOKEN_SECONDS,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": config.node_name, "uid": node_uid},
+    }}))
+    .expect("a TokenRequest");
+    let token = hangar_runtime::retry::until_ok("mint the node account's token", || async {
+        let issued = accounts.create_token_request(&account, &Default::default(), &request).await?;
+        issued.status.and_then(|s| s.token).ok_or(Error::NoToken)
+    })
+    .await;
+    let mut session = base.clone();
+    session.auth_info = kube::config::AuthInfo { token: Some(token.into_boxed_str().into()), ..Default::default() };
+    Ok(Client::try_from(session)?)
+}
+
+async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
+    let client = Client::try_from(base.clone())?;
     let metrics = WorkerMetrics::default();
     let mut registry = Registry::with_prefix("hangar_worker");
     metrics.register(&mut registry);
     let readiness = admin::start(&config.admin_listen, registry, Default::default()).await.map_err(Error::Admin)?;
-    let (ns, name) = session_of_node(&client, &config.node_name).await?;
+    let (ns, name, node_uid) = session_of_node(&client, &config.node_name).await?;
     tracing::info!(node = %config.node_name, %ns, sandbox = %name, "serving session");
+    let session = session_client(&base, &client, &config, &node_uid).await?;
     readiness.set_ready();
-    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+    let sandboxes: Api<Sandbox> = Api::namespaced(session.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.system_namespace);
     let ws = workspace::Workspace::open(&config.workspace)?;
     let store = hangar_output::OutputStore::from_url(
@@ -177,7 +223,7 @@ async fn run(client: Client, config: Config) -> Result<(), Error> {
                 socket: config.socket.clone(),
                 metrics: metrics.clone(),
             };
-            let (runner, incoming) = commands::Runner::new(client.clone(), rc, drained_tx.clone());
+            let (runner, incoming) = commands::Runner::new(session.clone(), client.clone(), rc, drained_tx.clone());
             tokio::spawn(runner.run(incoming, state_rx.clone()));
             runner_started = true;
         }

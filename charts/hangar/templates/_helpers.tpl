@@ -54,6 +54,11 @@ A ClusterRole when watchNamespaces is empty, else a Role in each.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Bind a session's worker (its node's account) in the session's namespace
+# while the session runs there; unbind with the instance.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["create", "delete"]
 {{- end -}}
 
 {{/* zone=subnet,zone=subnet (in key order) */}}

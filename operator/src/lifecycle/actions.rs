@@ -131,6 +131,7 @@ pub async fn execute(
                     _ => {}
                 }
             }
+            crate::node::worker_account::revoke(ctx, s.session_id, s.namespace).await?;
             // By status, and by tag: an instance launched just before a
             // crash may not be in the status yet.
             let mut ids: Vec<String> = status.instance_id.iter().cloned().collect();
@@ -282,6 +283,8 @@ fn fail_launch(status: &mut SandboxStatus, e: &Ec2Error) {
 async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status: &mut SandboxStatus) -> Result<()> {
     let (Some(node), Some(instance)) = (&obs.node, &obs.instance) else { return Ok(()) };
     let name = node.metadata.name.clone().unwrap_or_default();
+    // Before the labels: the worker waits for them, then mints its token.
+    crate::node::worker_account::grant(ctx, &name, s.namespace, s.session_id).await?;
     let node_labels = labels::labels(&NodeFacts {
         session_name: s.name,
         session_namespace: s.namespace,

@@ -1,4 +1,6 @@
-//! The session's node and the agent Pod bound to it.
+//! The session's node, the agent Pod bound to it, and the per-node account
+//! of the worker there.
 
 pub mod agent_pod;
 pub mod labels;
+pub mod worker_account;

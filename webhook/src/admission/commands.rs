@@ -11,10 +11,10 @@
 //! no place, and a reservation whose command never appeared is released.
 //! Numbers are given by the operator, after the create.
 //!
-//! Fast: a decision reads the Sandbox and the session's Commands from watch
-//! caches, and the ledger as this replica last wrote it; in the common case
-//! it costs one apiserver call, the compare-and-swap. Staleness is safe:
-//! - a Sandbox not in the cache yet is read from the API;
+//! Fast: a batch reads the Sandbox (from the API: whether it has ended must
+//! be current), the session's Commands from a watch cache, and the ledger
+//! as this replica last wrote it; in the common case it costs two apiserver
+//! calls, the read and the compare-and-swap. Staleness is safe:
 //! - a command created a moment ago and not in the cache yet holds a
 //!   reservation that is counted anyway, and one deleted a moment ago only
 //!   makes the count stricter — except that its name would look taken, so a
@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::oneshot;
 
@@ -65,25 +65,19 @@ struct SessionQueue {
 pub struct CommandAdmission {
     client: kube::Client,
     ledgers: Api<ConfigMap>,
-    sandboxes: Store<Sandbox>,
     commands: Store<Command>,
     queues: Mutex<HashMap<String, Arc<SessionQueue>>>,
 }
 
 impl CommandAdmission {
-    /// Starts the Sandbox and Command watches and waits for their first
-    /// lists.
+    /// Starts the Command watch and waits for its first list.
     pub async fn start(client: kube::Client, system_namespace: &str) -> Result<Self, AdmissionError> {
-        let (sandboxes, sw) = reflector::store();
         let (commands, cw) = reflector::store();
-        let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
         let c = reflector::reflector(cw, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()));
-        tokio::spawn(s.default_backoff().for_each(log_watch_errors("Sandbox")));
         tokio::spawn(c.default_backoff().for_each(log_watch_errors("Command")));
-        sandboxes.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
         commands.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
         let ledgers = Api::namespaced(client.clone(), system_namespace);
-        Ok(Self { client, ledgers, sandboxes, commands, queues: Mutex::default() })
+        Ok(Self { client, ledgers, commands, queues: Mutex::default() })
     }
 
     fn queue(&self, key: String) -> Arc<SessionQueue> {
@@ -136,7 +130,7 @@ impl CommandAdmission {
         rx.await.unwrap_or_else(|_| Err(Arc::new(AdmissionError::Contended)))
     }
 
-    /// The session: the Sandbox (cache, else API), its commands (cache;
+    /// The session: the Sandbox (API), its commands (cache;
     /// a name among `creates` the cache shows taken is checked against the
     /// API) and its ledger (as last written here, unless `fresh`).
     async fn read(
@@ -157,11 +151,10 @@ impl CommandAdmission {
         creates: &[Create],
         fresh: bool,
     ) -> Result<Session, AdmissionError> {
-        let cached = self.sandboxes.get(&ObjectRef::new(name).within(namespace)).map(|s| (*s).clone());
-        let sandbox = match cached {
-            Some(s) if !fresh => Some(s),
-            _ => Api::<Sandbox>::namespaced(self.client.clone(), namespace).get_opt(name).await?,
-        };
+        // The Sandbox is read from the API, not the cache: a client that
+        // ended its session and then sends a command must be refused
+        // (read-your-writes), and the cache may be a moment behind.
+        let sandbox = Api::<Sandbox>::namespaced(self.client.clone(), namespace).get_opt(name).await?;
         let Some(sandbox) = sandbox else {
             return Ok(Session { sandbox: None, ledger: Ledger::default(), stored: None, live: Vec::new() });
         };

@@ -139,15 +139,18 @@ fn now() -> Time {
 }
 
 impl Runner {
+    /// `session`: the per-node account's client (the session's Commands);
+    /// `node`: the worker's own (its attempt key's hand-off).
     pub fn new(
-        client: Client,
+        session: Client,
+        node: Client,
         cfg: RunnerConfig,
         drained: watch::Sender<Option<i64>>,
     ) -> (Self, mpsc::Receiver<Incoming>) {
         let (link, incoming) = SupervisorLink::start(cfg.socket.clone());
         let runner = Self {
-            api: Api::namespaced(client.clone(), &cfg.namespace),
-            secrets: Api::namespaced(client, &cfg.system_namespace),
+            api: Api::namespaced(session, &cfg.namespace),
+            secrets: Api::namespaced(node, &cfg.system_namespace),
             journal: Journal::new(&cfg.spool_root, &cfg.session_id),
             cfg,
             link,

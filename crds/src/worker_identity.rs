@@ -1,0 +1,14 @@
+//! The worker's per-node account: a ServiceAccount in the operator's
+//! namespace named after the node, which the operator binds to the
+//! session-worker ClusterRole in the session's namespace while the session
+//! runs there. The worker mints its token (the node restriction policy
+//! lets a worker mint only for its own node's account) and reads its
+//! session with it: nothing of another namespace.
+
+/// The account of the worker on `node_name`.
+pub fn account_name(node_name: &str) -> String {
+    format!("hangar-node-{node_name}")
+}
+
+/// The label on the account and its RoleBinding, valued with the session id.
+pub const SESSION_ID_LABEL: &str = "hangar.dev/session-id";
