@@ -11,10 +11,12 @@
 //! no place, and a reservation whose command never appeared is released.
 //! Numbers are given by the operator, after the create.
 //!
-//! Fast: a batch reads the Sandbox (from the API: whether it has ended must
-//! be current), the session's Commands from a watch cache, and the ledger
-//! as this replica last wrote it; in the common case it costs two apiserver
-//! calls, the read and the compare-and-swap. Staleness is safe:
+//! Fast: a batch reads the Sandbox and the session's Commands from watch
+//! caches and the ledger as this replica last wrote it; in the common case
+//! it costs one round trip: the compare-and-swap, with a read of the
+//! Sandbox from the API beside it (whether the session has ended must be
+//! current). Staleness is safe:
+//! - a Sandbox not in the cache yet is read from the API;
 //! - a command created a moment ago and not in the cache yet holds a
 //!   reservation that is counted anyway, and one deleted a moment ago only
 //!   makes the count stricter — except that its name would look taken, so a
@@ -36,7 +38,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::oneshot;
 
@@ -65,19 +67,25 @@ struct SessionQueue {
 pub struct CommandAdmission {
     client: kube::Client,
     ledgers: Api<ConfigMap>,
+    sandboxes: Store<Sandbox>,
     commands: Store<Command>,
     queues: Mutex<HashMap<String, Arc<SessionQueue>>>,
 }
 
 impl CommandAdmission {
-    /// Starts the Command watch and waits for its first list.
+    /// Starts the Sandbox and Command watches and waits for their first
+    /// lists.
     pub async fn start(client: kube::Client, system_namespace: &str) -> Result<Self, AdmissionError> {
+        let (sandboxes, sw) = reflector::store();
         let (commands, cw) = reflector::store();
+        let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
         let c = reflector::reflector(cw, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()));
+        tokio::spawn(s.default_backoff().for_each(log_watch_errors("Sandbox")));
         tokio::spawn(c.default_backoff().for_each(log_watch_errors("Command")));
+        sandboxes.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
         commands.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
         let ledgers = Api::namespaced(client.clone(), system_namespace);
-        Ok(Self { client, ledgers, commands, queues: Mutex::default() })
+        Ok(Self { client, ledgers, sandboxes, commands, queues: Mutex::default() })
     }
 
     fn queue(&self, key: String) -> Arc<SessionQueue> {
@@ -151,12 +159,16 @@ impl CommandAdmission {
         creates: &[Create],
         fresh: bool,
     ) -> Result<Session, AdmissionError> {
-        // The Sandbox is read from the API, not the cache: a client that
-        // ended its session and then sends a command must be refused
-        // (read-your-writes), and the cache may be a moment behind.
-        let sandbox = Api::<Sandbox>::namespaced(self.client.clone(), namespace).get_opt(name).await?;
+        // From the cache when it has it (confirmed from the API alongside
+        // the reservation, see `decide_batch`); a miss, or a fresh read, asks
+        // the API.
+        let cached = self.sandboxes.get(&ObjectRef::new(name).within(namespace)).map(|s| (*s).clone());
+        let (sandbox, confirmed) = match cached {
+            Some(s) if !fresh => (Some(s), false),
+            _ => (Api::<Sandbox>::namespaced(self.client.clone(), namespace).get_opt(name).await?, true),
+        };
         let Some(sandbox) = sandbox else {
-            return Ok(Session { sandbox: None, ledger: Ledger::default(), stored: None, live: Vec::new() });
+            return Ok(Session { sandbox: None, confirmed, ledger: Ledger::default(), stored: None, live: Vec::new() });
         };
         let session_id = sandbox.uid().unwrap_or_default();
         let doc = ledger::document_name(&session_id);
@@ -184,7 +196,7 @@ impl CommandAdmission {
                 live.retain(|l| l.name != create.name);
             }
         }
-        Ok(Session { sandbox: Some(sandbox), ledger: stored.document.clone(), stored: Some(stored), live })
+        Ok(Session { sandbox: Some(sandbox), confirmed, ledger: stored.document.clone(), stored: Some(stored), live })
     }
 
     /// Decides the creates in arrival order on one read of the session and
@@ -209,7 +221,32 @@ impl CommandAdmission {
             let session_id = sandbox.uid().unwrap_or_default();
             let doc = ledger::document_name(&session_id);
             let labels = ledger::document_labels(&session_id);
-            if let Some(written) = json_document::write(&self.ledgers, &doc, labels, stored, &session.ledger).await? {
+            // A Sandbox from the cache is confirmed from the API while the
+            // reservation is written (one round trip, not two): a client
+            // that ended its session and then sends a command must be
+            // refused (read-your-writes), and the cache may be a moment
+            // behind. A reservation written for a session that turns out
+            // to have ended is never used and is released after 30 s.
+            let sandboxes: Api<Sandbox> = Api::namespaced(self.client.clone(), namespace);
+            let confirm =
+                async { if session.confirmed { Ok(Some(sandbox.clone())) } else { sandboxes.get_opt(name).await } };
+            let write = json_document::write(&self.ledgers, &doc, labels, stored, &session.ledger);
+            let (current, written) = tokio::join!(confirm, write);
+            let current = current?;
+            if current.as_ref().and_then(|s| s.uid()) != Some(session_id.clone())
+                || current.as_ref().is_some_and(Sandbox::has_ended)
+            {
+                // Ended, gone or re-created since the cache saw it: decide
+                // again on what the API says.
+                let mut again = session.ledger.clone();
+                let decisions =
+                    command_creates(namespace, name, current.as_ref(), &mut again, creates, &session.live, now);
+                if decisions.iter().all(Result::is_err) {
+                    return Ok(decisions);
+                }
+                continue;
+            }
+            if let Some(written) = written? {
                 *queue.last_written.lock().unwrap_or_else(|p| p.into_inner()) = Some((doc, written));
                 return Ok(decisions);
             }
@@ -226,6 +263,8 @@ impl CommandAdmission {
 /// What a decision reads: the session, its ledger and its commands.
 struct Session {
     sandbox: Option<Sandbox>,
+    /// The Sandbox was read from the API, not the cache.
+    confirmed: bool,
     ledger: Ledger,
     stored: Option<json_document::Read<Ledger>>,
     live: Vec<Live>,

@@ -24,7 +24,7 @@ pub enum AdmissionError {
     },
     #[error("the command ledger: {0}")]
     Ledger(#[from] hangar_runtime::json_document::DocumentError),
-    #[error("the Command watch ended before its first list")]
+    #[error("the Sandbox or Command watch ended before its first list")]
     CacheNotReady,
     #[error("too many concurrent admissions for one session; try again")]
     Contended,
