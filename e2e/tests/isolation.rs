@@ -284,6 +284,25 @@ async fn a_tenant_can_neither_stretch_nor_lock_its_sessions_limits() {
     cmds::create(&api, &sh("fresh", "box", "true")).await;
     let fresh = wait_command_phase(stack, &api, "fresh", CommandPhase::Exited).await;
     assert_eq!(number(&fresh), 66, "a deleted command's number is never given again");
+
+    // A tenant that may write command status (a namespace admin, say)
+    // still cannot run a finished command again or move it to another
+    // session: the CRD's rules hold for everyone.
+    let grant = ["create", "role", "status", "-n", ns, "--verb=patch", "--resource=commands.hangar.dev/status"];
+    stack.cp.kubectl().args(grant).output().unwrap();
+    let bind = ["create", "rolebinding", "status", "-n", ns, "--role=status", "--serviceaccount=iso-limits:dev"];
+    stack.cp.kubectl().args(bind).output().unwrap();
+    let tenant = stack.cp.client_as(&member).await.unwrap();
+    let theirs: Api<Command> = Api::namespaced(tenant, ns);
+    let rerun = json!({"status": {"phase": "queued"}});
+    let err = theirs.patch_status("fresh", &PatchParams::default(), &Patch::Merge(&rerun)).await.unwrap_err();
+    assert!(err.to_string().contains("never leaves a final status"), "run a finished command again: {err}");
+    let moved = json!({"status": {"sandboxUid": "another-session"}});
+    let err = theirs.patch_status("fresh", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap_err();
+    assert!(err.to_string().contains("sandboxUid is written once"), "move it to another session: {err}");
+    let renumber = json!({"status": {"number": 1}});
+    let err = theirs.patch_status("fresh", &PatchParams::default(), &Patch::Merge(&renumber)).await.unwrap_err();
+    assert!(err.to_string().contains("number never changes"), "give it a used number: {err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
