@@ -11,6 +11,7 @@
 //!   contract's error codes
 //! - `refusal`: a refusal and its contract error code
 //! - `idle`, `hard_stop`, `retention`: the session's clocks
+//! - `tokens`: a session token's expiry and phase
 
 pub mod admission;
 pub mod commands;
@@ -19,3 +20,4 @@ pub mod idle;
 pub mod refusal;
 pub mod retention;
 pub mod session;
+pub mod tokens;

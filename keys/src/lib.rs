@@ -4,10 +4,12 @@
 //! - `seal`: the organisation key ([`OrgKey`]), which seals other keys;
 //!   the attempt key ([`AttemptKey`]), which seals command output chunks
 //! - `session`: the 64-byte workspace key made for each session
+//! - `token`: session tokens (`hgt_…`) and the digest kept of them
 //!
 //! Raw key bytes are `zeroize::Zeroizing`: wiped from memory when dropped.
 
 pub mod seal;
 pub mod session;
+pub mod token;
 
 pub use seal::{AttemptKey, KeyBytes, OrgKey, SealError, random_bytes, random_key};
