@@ -383,6 +383,23 @@ pub(crate) fn session_token(e: &mut SchemaEditor) {
         )
         .immutable("spec.publicKey");
     e.final_true("spec.revoked", SandboxRequestInvalid, "revoked is final: a revoked token never comes back");
+    // The status is the operator's; these rules hold it (and anyone with
+    // status rights) to the token's life: a revoked or expired token never
+    // becomes active again, and its digest and expiry are written once.
+    e.rule(
+        "status",
+        "!has(oldSelf.phase) || !(oldSelf.phase in ['revoked', 'expired']) || (has(self.phase) && self.phase == oldSelf.phase)",
+        SandboxRequestInvalid,
+        "a revoked or expired token never becomes active again",
+    );
+    for field in ["digest", "expiresAt"] {
+        e.rule(
+            "status",
+            &format!("!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"),
+            SandboxRequestInvalid,
+            &format!("a token's {field} is written once"),
+        );
+    }
 }
 
 pub(crate) fn sandbox_template(e: &mut SchemaEditor) {

@@ -272,7 +272,8 @@ fn chart_installs_and_grants_least_privilege() {
     yes(op, &["create", "pods", "-n", "team-a"]);
     // Secrets in its own namespace only: no tenant Secret is readable.
     no(op, &["get", "secrets", "-n", "team-a"]);
-    no(op, &["create", "secrets", "-n", "team-a"]);
+    // It delivers a token's plaintext once: create and delete, never read.
+    yes(op, &["create", "secrets", "-n", "team-a"]);
     yes(op, &["patch", "nodes"]);
     yes(op, &["update", "leases.coordination.k8s.io", "-n", "hangar-system"]);
     yes(op, &["update", "configmaps", "-n", "hangar-system"]);

@@ -64,7 +64,31 @@ async fn no_key_or_token_reaches_any_log() {
     let attempt_keys = cmds::output_keys(&client, &sid, 1).await;
     assert!(!attempt_keys.is_empty(), "the command's attempt key was handed in");
 
+    // A session token, minted by the operator: its plaintext is in its
+    // delivery Secret and nowhere else.
+    let tokens: Api<hangar_crds::session_token::SessionToken> = Api::namespaced(client.clone(), ns);
+    let manifest = serde_json::from_value(json!({
+        "apiVersion": "hangar.dev/v1alpha1", "kind": "SessionToken", "metadata": {"name": "t"},
+        "spec": {"sandbox": "box", "scopes": ["read"], "publicKey": {"kty": "EC", "crv": "P-256",
+                 "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}},
+    }))
+    .unwrap();
+    tokens.create(&kube::api::PostParams::default(), &manifest).await.unwrap();
+    let start = std::time::Instant::now();
+    let secret_name = loop {
+        let t = tokens.get("t").await.unwrap();
+        if let Some(name) = t.status.and_then(|s| s.secret_name) {
+            break name;
+        }
+        assert!(start.elapsed() < sessions::DEADLINE, "the session token was never minted");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let delivered: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let plaintext =
+        String::from_utf8(delivered.get(&secret_name).await.unwrap().data.unwrap()["token"].0.clone()).unwrap();
+
     let mut needles: Vec<(String, String)> = vec![("member token".into(), member.chars().take(40).collect())];
+    needles.push(("session token".into(), plaintext[4..].to_owned()));
     needles.extend(encodings(&org_bytes).into_iter().map(|e| ("organisation key".into(), e)));
     let kek = secrets.get(hangar_crds::output_keys::OUTPUT_KEK_SECRET).await.unwrap().data.unwrap()["key"].0.clone();
     needles.extend(encodings(&kek).into_iter().map(|e| ("output key-encryption key".into(), e)));

@@ -11,6 +11,8 @@
 //! - `commands/`: the Command controller (numbering, cancel of queued ones);
 //!   `numbering_state`: what it remembers between reconciles;
 //!   `command_ledger`: where the sessions' ledgers of admitted commands are
+//! - `tokens/`: the SessionToken controller (mint, digest, one delivery,
+//!   phases)
 //! - `keys`: session keys sealed under the organisation key
 //! - `output_keys`: sealing the output keys workers hand in
 //! - `output_retention`: destroying them `outputRetentionDays` after the end
@@ -32,3 +34,4 @@ pub mod output_keys;
 pub mod output_retention;
 pub mod sandbox_status;
 pub mod settings;
+pub mod tokens;

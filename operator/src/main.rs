@@ -140,10 +140,12 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     ));
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
+    let session_tokens = tokio::spawn(hangar_operator::tokens::run(ctx.clone()));
     let sessions = lifecycle::run(ctx, node_writer, lease_writer, command_writer, changes_rx);
     let controller = async move {
         sessions.await;
         commands.abort();
+        session_tokens.abort();
     };
     match election {
         Some(mut leadership) => {

@@ -54,6 +54,11 @@ A ClusterRole when watchNamespaces is empty, else a Role in each.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Deliver a new session token's plaintext once, in a Secret beside it that
+# goes after ten minutes: create and delete only, never read a Secret here.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "delete"]
 # Bind a session's worker (its node's account) in the session's namespace
 # while the session runs there; unbind with the instance.
 - apiGroups: ["rbac.authorization.k8s.io"]

@@ -1,0 +1,218 @@
+//! The SessionToken controller: mints each new token's plaintext, keeps
+//! only its digest, delivers the plaintext once, and keeps the token's
+//! phase (`active` → `expired` or `revoked`, both final:
+//! `hangar_core::tokens`).
+//!
+//! Delivery on the `kubectl apply` path: a Secret beside the token
+//! (`<token>-hgt`, owned by it) holds the plaintext for
+//! [`DELIVERY_SECONDS`] and is deleted then, or as soon as the token is
+//! no longer active. The creator reads it once with their own rights in
+//! their namespace; the operator may create and delete Secrets there but
+//! never read one. Why a Secret: the creator has no other channel to the
+//! controller, a Secret is what RBAC and audit already guard, and a short
+//! life bounds how long a plaintext exists at rest. (The gateway's token
+//! route answers the plaintext in its response instead.)
+//!
+//! Crash safety: the Secret is written before the digest. A pass that
+//! crashed between the two is repeated with a new plaintext, which
+//! replaces the Secret, so the recorded digest always matches what was
+//! delivered; once a digest is recorded no plaintext is made again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use hangar_core::tokens;
+use hangar_crds::Sandbox;
+use hangar_crds::session_token::{SessionToken, TokenPhase};
+use hangar_runtime::kube_ext::{Swap, ignore_not_found, is_already_exists, swap_status};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{Instrument, info_span, warn};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// How long the plaintext waits in its Secret for the creator.
+pub const DELIVERY_SECONDS: i64 = 600;
+
+/// The Secret that delivers token `name`'s plaintext.
+pub fn delivery_secret_name(name: &str) -> String {
+    format!("{name}-hgt")
+}
+
+pub async fn run(ctx: Arc<Context>) {
+    let api: Api<SessionToken> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(ctx.client.clone(), one),
+        _ => Api::all(ctx.client.clone()),
+    };
+    let sandboxes: Api<Sandbox> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(ctx.client.clone(), one),
+        _ => Api::all(ctx.client.clone()),
+    };
+    let watched = ctx.settings.watch_namespaces.clone();
+    let controller = Controller::new(api, watcher::Config::default().any_semantic());
+    // A session that ends (or goes) changes its tokens' phase: each
+    // Sandbox change reconciles the tokens that name it.
+    let tokens = controller.store();
+    controller
+        .watches(sandboxes, watcher::Config::default(), move |sandbox: Sandbox| {
+            let (ns, name) = (sandbox.namespace(), sandbox.name_any());
+            tokens
+                .state()
+                .into_iter()
+                .filter(|t| t.namespace() == ns && t.spec.sandbox == name)
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(
+            move |t, ctx| {
+                let serves = watched.is_empty() || t.namespace().is_some_and(|ns| watched.contains(&ns));
+                reconcile(t, ctx, serves)
+            },
+            |t, e, _| {
+                warn!(token = %t.name_any(), error = %e, "session token reconcile failed; retrying");
+                Requeue::requeue(Duration::from_secs(1))
+            },
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) -> Result<Requeue> {
+    if !serves {
+        return Ok(Requeue::await_change());
+    }
+    let ns = token.namespace().unwrap_or_default();
+    let span = info_span!("reconcile_session_token", namespace = %ns, token = %token.name_any(), sandbox = %token.spec.sandbox);
+    async move {
+        let api: Api<SessionToken> = Api::namespaced(ctx.client.clone(), &ns);
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), &ns).get_opt(&token.spec.sandbox).await?;
+        let status = token.status.clone().unwrap_or_default();
+        let now = Timestamp::now();
+        let created = token.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+        if status.digest.is_none() && status.phase.is_none() {
+            return mint(&api, &secrets, &token, sandbox.as_ref(), created, now).await;
+        }
+        let expires = status.expires_at.as_ref().map_or(now, |t| t.0);
+        let ended = sandbox.as_ref().is_none_or(Sandbox::has_ended);
+        let next = tokens::phase(status.phase, token.spec.revoked, &token.spec.scopes, expires, ended, now);
+        if Some(next.phase) != status.phase {
+            let mut patch = json!({"phase": next.phase, "reason": next.reason});
+            if next.phase == TokenPhase::Revoked {
+                patch["revokedAt"] = json!(Time(now));
+            }
+            if !write(&api, &token, patch).await? {
+                return Ok(Requeue::requeue(Duration::from_millis(50)));
+            }
+            tracing::info!(phase = ?next.phase, reason = next.reason, "session token");
+        }
+        // The plaintext waits only while the token is active, and not
+        // past its delivery deadline.
+        let deliver_until = created + SignedDuration::from_secs(DELIVERY_SECONDS);
+        if let Some(secret) = status.secret_name.as_deref()
+            && (next.phase != TokenPhase::Active || now >= deliver_until)
+        {
+            ignore_not_found(secrets.delete(secret, &DeleteParams::default()).await)?;
+            write(&api, &token, json!({"secretName": null})).await?;
+            return Ok(Requeue::await_change());
+        }
+        if next.phase != TokenPhase::Active {
+            return Ok(Requeue::await_change());
+        }
+        let mut wake = expires;
+        if status.secret_name.is_some() {
+            wake = wake.min(deliver_until);
+        }
+        let left = wake.duration_since(now).unsigned_abs();
+        Ok(Requeue::requeue(left + Duration::from_millis(100)))
+    }
+    .instrument(span)
+    .await
+}
+
+/// A new token: nothing minted for a session that is gone or has ended;
+/// else the plaintext into its Secret, then the digest into the status.
+async fn mint(
+    api: &Api<SessionToken>,
+    secrets: &Api<Secret>,
+    token: &SessionToken,
+    sandbox: Option<&Sandbox>,
+    created: Timestamp,
+    now: Timestamp,
+) -> Result<Requeue> {
+    let refused = match sandbox {
+        None => Some("sandbox_not_found"),
+        Some(s) if s.has_ended() => Some("session_ended"),
+        Some(_) => None,
+    };
+    if let Some(reason) = refused {
+        let patch = json!({"phase": "revoked", "reason": reason, "revokedAt": Time(now)});
+        write(api, token, patch).await?;
+        return Ok(Requeue::await_change());
+    }
+    let sandbox = sandbox.expect("checked");
+    let compute_left = sandbox
+        .spec
+        .stop_after_seconds
+        .map(|limit| limit - sandbox.status.as_ref().and_then(|s| s.compute_seconds).unwrap_or(0));
+    let expires = tokens::expires_at(created, token.spec.ttl_seconds, compute_left);
+    let plaintext = hangar_keys::token::new_plaintext().map_err(Error::Key)?;
+    let name = delivery_secret_name(&token.name_any());
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            owner_references: token.controller_owner_ref(&()).map(|r| vec![r]),
+            labels: Some([("hangar.dev/session-token".to_owned(), token.name_any())].into()),
+            ..Default::default()
+        },
+        data: Some([("token".to_owned(), ByteString(plaintext.as_bytes().to_vec()))].into()),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    // One left by a pass that crashed before recording its digest (or put
+    // there by someone else) is not this token's: replaced.
+    if let Err(e) = secrets.create(&PostParams::default(), &secret).await {
+        if !is_already_exists(&e) {
+            return Err(e.into());
+        }
+        ignore_not_found(secrets.delete(&name, &DeleteParams::default()).await)?;
+        secrets.create(&PostParams::default(), &secret).await?;
+    }
+    let patch = json!({
+        "phase": "active",
+        "digest": hangar_keys::token::digest(&plaintext),
+        "expiresAt": Time(expires),
+        "secretName": name,
+    });
+    if !write(api, token, patch).await? {
+        // Changed meanwhile: the next pass mints again and replaces the Secret.
+        return Ok(Requeue::requeue(Duration::from_millis(50)));
+    }
+    tracing::info!(expires_at = %expires, "session token minted; its plaintext waits in its Secret");
+    Ok(Requeue::requeue(Duration::from_secs(1)))
+}
+
+/// Merge-patches the status over the version read; false when it changed
+/// meanwhile or the apiserver refused it (a revoked token stays revoked).
+async fn write(api: &Api<SessionToken>, token: &SessionToken, status: serde_json::Value) -> Result<bool> {
+    match swap_status(api, token, status).await? {
+        Swap::Swapped(_) => Ok(true),
+        Swap::LostRace => Ok(false),
+        Swap::Refused(e) => {
+            tracing::info!(reason = %e.message, "session token status change refused");
+            Ok(false)
+        }
+    }
+}
