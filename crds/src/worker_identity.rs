@@ -10,5 +10,7 @@ pub fn account_name(node_name: &str) -> String {
     format!("hangar-node-{node_name}")
 }
 
-/// The label on the account and its RoleBinding, valued with the session id.
-pub const SESSION_ID_LABEL: &str = "hangar.dev/session-id";
+/// The label on the account and its RoleBinding, valued with the session id:
+/// the one every per-session object carries, so the orphan sweep finds
+/// them all by it.
+pub use crate::output_keys::SESSION_ID_LABEL;

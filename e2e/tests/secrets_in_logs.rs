@@ -74,15 +74,10 @@ async fn no_key_or_token_reaches_any_log() {
     }))
     .unwrap();
     tokens.create(&kube::api::PostParams::default(), &manifest).await.unwrap();
-    let start = std::time::Instant::now();
-    let secret_name = loop {
-        let t = tokens.get("t").await.unwrap();
-        if let Some(name) = t.status.and_then(|s| s.secret_name) {
-            break name;
-        }
-        assert!(start.elapsed() < sessions::DEADLINE, "the session token was never minted");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    let minted =
+        |t: &hangar_crds::session_token::SessionToken| t.status.as_ref().is_some_and(|s| s.secret_name.is_some());
+    let t = sessions::wait_object(&tokens, "t", "minted", minted, |t| format!("{:?}", t.map(|t| &t.status))).await;
+    let secret_name = t.status.and_then(|s| s.secret_name).expect("minted");
     let delivered: Api<Secret> = Api::namespaced(client.clone(), ns);
     let plaintext =
         String::from_utf8(delivered.get(&secret_name).await.unwrap().data.unwrap()["token"].0.clone()).unwrap();

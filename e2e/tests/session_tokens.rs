@@ -3,11 +3,9 @@
 //! the token, and keeps its phase; a revoked token never comes back, and
 //! at the session's end only a read-only token stays active.
 
-use std::time::{Duration, Instant};
-
 use hangar_crds::Phase;
 use hangar_crds::session_token::{SessionToken, TokenPhase};
-use hangar_e2e::sessions::{self, DEADLINE};
+use hangar_e2e::sessions;
 use hangar_e2e::shared_stack;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -32,15 +30,7 @@ async fn wait_token(
     what: &str,
     pred: impl Fn(&SessionToken) -> bool,
 ) -> SessionToken {
-    let start = Instant::now();
-    loop {
-        let t = api.get(name).await.unwrap();
-        if pred(&t) {
-            return t;
-        }
-        assert!(start.elapsed() < DEADLINE, "{name}: not {what}; status {:?}", t.status);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sessions::wait_object(api, name, what, pred, |t| format!("status {:?}", t.and_then(|t| t.status.as_ref()))).await
 }
 
 fn phase(t: &SessionToken) -> Option<TokenPhase> {

@@ -77,6 +77,24 @@ where
     }
 }
 
+/// As [`swap_status`], for a caller that only needs to know whether the
+/// status was written: false when the object changed meanwhile (the next
+/// pass sees the new version) or the apiserver refused the change (logged
+/// with the object's name and the rule's message).
+pub async fn try_swap_status<K>(api: &Api<K>, obj: &K, status: Value) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(match swap_status(api, obj, status).await? {
+        Swap::Swapped(_) => true,
+        Swap::LostRace => false,
+        Swap::Refused(e) => {
+            tracing::info!(object = %obj.name_any(), reason = %e.message, "status change refused");
+            false
+        }
+    })
+}
+
 /// For a watch stream's `for_each`: a watch of `kind` that fails is
 /// retried (with the stream's backoff) and logged, never dropped silently;
 /// meanwhile a cache fed by it may lag.

@@ -20,11 +20,11 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::watcher;
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::{Instrument, info_span, warn};
 
 use hangar_runtime::json_document;
-use hangar_runtime::kube_ext::{Swap, swap_status};
+use hangar_runtime::kube_ext::{Swap, swap_status, try_swap_status};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -162,7 +162,7 @@ pub async fn stamp_node(ctx: &Context, sandbox: &Sandbox, node: &str) -> Result<
             continue;
         }
         if status.node_name.as_deref() != Some(node) {
-            cas(&api, c, json!({"nodeName": node})).await?;
+            try_swap_status(&api, c, json!({"nodeName": node})).await?;
         }
     }
     Ok(())
@@ -175,20 +175,6 @@ async fn cancel_queued(api: &Api<Command>, command: &Command) -> Result<()> {
         "finishedAt": Time(Timestamp::now()),
         "reason": "cancelled before it ran",
     });
-    cas(api, command, status).await?;
+    try_swap_status(api, command, status).await?;
     Ok(())
-}
-
-/// Merge-patches the status if the object is still at `command`'s version.
-/// False when it changed meanwhile (the next pass sees the new version) or
-/// when the apiserver refused the change (a final status never changes).
-pub async fn cas(api: &Api<Command>, command: &Command, status: Value) -> Result<bool> {
-    match swap_status(api, command, status).await? {
-        Swap::Swapped(_) => Ok(true),
-        Swap::LostRace => Ok(false),
-        Swap::Refused(e) => {
-            tracing::info!(command = %command.name_any(), reason = %e.message, "status change refused");
-            Ok(false)
-        }
-    }
 }

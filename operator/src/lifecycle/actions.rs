@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use hangar_crds::{CommandPhase, Sandbox, SandboxStatus, SandboxTemplate};
+use hangar_crds::{CommandPhase, Sandbox, SandboxStatus, SandboxTemplate, output_keys};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -172,7 +172,7 @@ async fn ensure_key(ctx: &Context, session_id: &str) -> Result<()> {
         metadata: ObjectMeta {
             name: Some(keys::secret_name(session_id)),
             namespace: Some(ctx.settings.system_namespace.clone()),
-            labels: Some(BTreeMap::from([("hangar.dev/session-id".to_owned(), session_id.to_owned())])),
+            labels: Some(BTreeMap::from([(output_keys::SESSION_ID_LABEL.to_owned(), session_id.to_owned())])),
             ..Default::default()
         },
         data: Some(BTreeMap::from([("sealed-key".to_owned(), ByteString(sealed))])),
@@ -329,7 +329,7 @@ async fn cancel_queued_commands(ctx: &Context, s: &Session<'_>) -> Result<()> {
             "phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now()),
             "sandboxUid": s.session_id,
         });
-        crate::commands::cas(&commands, &c, status).await?;
+        hangar_runtime::kube_ext::try_swap_status(&commands, &c, status).await?;
     }
     Ok(())
 }

@@ -46,12 +46,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     let current = sandbox.status.clone().unwrap_or_default();
     let terminal = matches!(current.phase, Some(Phase::Ended | Phase::Failed));
     if terminal {
-        let left = crate::output_retention::enforce(&ctx, &sandbox, &current).await?;
-        crate::command_ledger::forget(&ctx, &session_id).await?;
-        finalizer::remove_finalizer(&api, &sandbox).await?;
-        return Ok(left
-            .map(|d| Requeue::requeue(d + Duration::from_millis(100)))
-            .unwrap_or_else(Requeue::await_change));
+        return after_the_end(&ctx, &api, &sandbox, &current, &session_id).await;
     }
     finalizer::ensure_finalizer(&api, &sandbox).await?;
 
@@ -120,14 +115,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     }
     ctx.succeeded(&format!("{ns}/{name}"));
     if matches!(status.phase, Some(Phase::Ended | Phase::Failed)) {
-        // The output's erase deadline goes on its key Secret before the
-        // finalizer does, so even a deleted Sandbox's output is erased.
-        let left = crate::output_retention::enforce(&ctx, &sandbox, &status).await?;
-        crate::command_ledger::forget(&ctx, &session_id).await?;
-        finalizer::remove_finalizer(&api, &sandbox).await?;
-        return Ok(left
-            .map(|d| Requeue::requeue(d + Duration::from_millis(100)))
-            .unwrap_or_else(Requeue::await_change));
+        return after_the_end(&ctx, &api, &sandbox, &status, &session_id).await;
     }
     // Watches wake us as soon as anything changes; the requeue is the
     // level-triggered safety net, tighter while a transition is under way.
@@ -138,6 +126,22 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         None if transitional => Requeue::requeue(Duration::from_secs(10)),
         None => Requeue::requeue(Duration::from_secs(60)),
     })
+}
+
+/// An ended session: the output's erase deadline goes on its sealed keys
+/// before the finalizer goes (so even a deleted Sandbox's output is
+/// erased), and the command ledger goes with the finalizer.
+async fn after_the_end(
+    ctx: &Context,
+    api: &Api<Sandbox>,
+    sandbox: &Sandbox,
+    status: &SandboxStatus,
+    session_id: &str,
+) -> Result<Requeue> {
+    let left = crate::output_retention::enforce(ctx, sandbox, status).await?;
+    crate::command_ledger::forget(ctx, session_id).await?;
+    finalizer::remove_finalizer(api, sandbox).await?;
+    Ok(left.map(|d| Requeue::requeue(d + Duration::from_millis(100))).unwrap_or_else(Requeue::await_change))
 }
 
 /// The session's commands: all, not finished, running (or being cancelled).

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use hangar_core::tokens;
 use hangar_crds::Sandbox;
 use hangar_crds::session_token::{SessionToken, TokenPhase};
-use hangar_runtime::kube_ext::{Swap, ignore_not_found, is_already_exists, swap_status};
+use hangar_runtime::kube_ext::{ignore_not_found, is_already_exists, try_swap_status};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -113,7 +113,7 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
             if next.phase == TokenPhase::Revoked {
                 patch["revokedAt"] = json!(Time(now));
             }
-            if !write(&api, &token, patch).await? {
+            if !try_swap_status(&api, &*token, patch).await? {
                 return Ok(Requeue::requeue(Duration::from_millis(50)));
             }
             tracing::info!(phase = ?next.phase, reason = next.reason, "session token");
@@ -125,7 +125,7 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
             && (next.phase != TokenPhase::Active || now >= deliver_until)
         {
             ignore_not_found(secrets.delete(secret, &DeleteParams::default()).await)?;
-            write(&api, &token, json!({"secretName": null})).await?;
+            try_swap_status(&api, &*token, json!({"secretName": null})).await?;
             return Ok(Requeue::await_change());
         }
         if next.phase != TokenPhase::Active {
@@ -159,7 +159,7 @@ async fn mint(
     };
     if let Some(reason) = refused {
         let patch = json!({"phase": "revoked", "reason": reason, "revokedAt": Time(now)});
-        write(api, token, patch).await?;
+        try_swap_status(api, token, patch).await?;
         return Ok(Requeue::await_change());
     }
     let sandbox = sandbox.expect("checked");
@@ -196,23 +196,10 @@ async fn mint(
         "expiresAt": Time(expires),
         "secretName": name,
     });
-    if !write(api, token, patch).await? {
+    if !try_swap_status(api, token, patch).await? {
         // Changed meanwhile: the next pass mints again and replaces the Secret.
         return Ok(Requeue::requeue(Duration::from_millis(50)));
     }
     tracing::info!(expires_at = %expires, "session token minted; its plaintext waits in its Secret");
     Ok(Requeue::requeue(Duration::from_secs(1)))
-}
-
-/// Merge-patches the status over the version read; false when it changed
-/// meanwhile or the apiserver refused it (a revoked token stays revoked).
-async fn write(api: &Api<SessionToken>, token: &SessionToken, status: serde_json::Value) -> Result<bool> {
-    match swap_status(api, token, status).await? {
-        Swap::Swapped(_) => Ok(true),
-        Swap::LostRace => Ok(false),
-        Swap::Refused(e) => {
-            tracing::info!(reason = %e.message, "session token status change refused");
-            Ok(false)
-        }
-    }
 }

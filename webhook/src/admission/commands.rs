@@ -105,7 +105,7 @@ impl CommandAdmission {
         if dry_run {
             // Decided on a read; nothing is reserved.
             let creates = [create];
-            let mut session = self.read(&queue, namespace, name, &creates).await.map_err(Arc::new)?;
+            let mut session = self.read(&queue, namespace, name, &creates, false).await.map_err(Arc::new)?;
             let now = Timestamp::now().as_second();
             let sandbox = session.sandbox.as_ref();
             let mut decided =
@@ -138,20 +138,11 @@ impl CommandAdmission {
         rx.await.unwrap_or_else(|_| Err(Arc::new(AdmissionError::Contended)))
     }
 
-    /// The session: the Sandbox (API), its commands (cache;
-    /// a name among `creates` the cache shows taken is checked against the
-    /// API) and its ledger (as last written here, unless `fresh`).
+    /// The session: the Sandbox (cache; the API on a miss or when `fresh`),
+    /// its commands (cache; a name among `creates` the cache shows taken is
+    /// checked against the API) and its ledger (as last written here,
+    /// unless `fresh`).
     async fn read(
-        &self,
-        queue: &SessionQueue,
-        namespace: &str,
-        name: &str,
-        creates: &[Create],
-    ) -> Result<Session, AdmissionError> {
-        self.read_with(queue, namespace, name, creates, false).await
-    }
-
-    async fn read_with(
         &self,
         queue: &SessionQueue,
         namespace: &str,
@@ -210,7 +201,7 @@ impl CommandAdmission {
         creates: &[Create],
     ) -> Result<Vec<Result<Place, Refusal>>, AdmissionError> {
         for attempt in 0..64u32 {
-            let mut session = self.read_with(queue, namespace, name, creates, attempt > 0).await?;
+            let mut session = self.read(queue, namespace, name, creates, attempt > 0).await?;
             let now = Timestamp::now().as_second();
             let sandbox = session.sandbox.as_ref();
             let decisions = command_creates(namespace, name, sandbox, &mut session.ledger, creates, &session.live, now);
