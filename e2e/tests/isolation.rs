@@ -385,6 +385,7 @@ fn policy<T: std::fmt::Debug>(case: &str, r: Result<T, kube::Error>) {
         Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
             let by_rbac = e.message.contains("is forbidden: User");
             assert_eq!(by_rbac, case.starts_with("RBAC:"), "{case}: refused by the wrong control: {}", e.message);
+            assert!(by_rbac || e.message.contains("forbidden: "), "{case}: no contract code: {}", e.message);
         }
         other => panic!("{case}: expected a refusal, got {other:?}"),
     }

@@ -72,15 +72,15 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     if settings.client_ca.is_none() {
         tracing::warn!("no client CA: any client that reaches the port can send reviews (rely on a NetworkPolicy)");
     }
-    let wh = Arc::new(Webhook {
-        commands: commands::CommandAdmission::start(client, &settings.system_namespace).await?,
-        http: HttpMetrics::default(),
-        metrics: AdmissionMetrics::default(),
-    });
+    let (http, metrics) = (HttpMetrics::default(), AdmissionMetrics::default());
     let mut registry = Registry::with_prefix("hangar_webhook");
-    wh.http.register(&mut registry);
-    wh.metrics.register(&mut registry);
+    http.register(&mut registry);
+    metrics.register(&mut registry);
+    // /healthz answers (and /readyz says 503) while the caches fill: an
+    // apiserver slow to answer is waited for, not a reason to look dead.
     let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
+    let commands = commands::CommandAdmission::start(client, &settings.system_namespace).await?;
+    let wh = Arc::new(Webhook { commands, http, metrics });
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
     readiness.set_ready();
