@@ -98,7 +98,7 @@ mod tests {
     }
 
     fn creates(n: usize) -> Vec<Create> {
-        (0..n).map(|i| Create { uid: format!("u{i}"), name: format!("c{i}") }).collect()
+        (0..n).map(|i| Create { uid: format!("u{i}"), name: format!("c{i}"), sender: None }).collect()
     }
 
     #[test]
@@ -120,8 +120,9 @@ mod tests {
         let s = sandbox(RUNNING);
         let mut ledger = Ledger::default();
         for round in 0..4 {
-            let batch: Vec<Create> =
-                (0..64).map(|i| Create { uid: format!("u{round}-{i}"), name: format!("c{round}-{i}") }).collect();
+            let batch: Vec<Create> = (0..64)
+                .map(|i| Create { uid: format!("u{round}-{i}"), name: format!("c{round}-{i}"), sender: None })
+                .collect();
             command_creates("ns", "box", Some(&s), &mut ledger, &batch, &[], 1000);
             for (n, e) in ledger.entries.iter_mut().enumerate() {
                 e.number = Some(n as i64 + 1);

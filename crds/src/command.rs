@@ -26,6 +26,7 @@ pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3600;
     printcolumn = r#"{"name":"Number","type":"integer","jsonPath":".status.number"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Exit","type":"integer","jsonPath":".status.exitCode"}"#,
+    printcolumn = r#"{"name":"Sent By","type":"string","jsonPath":".status.sentBy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -109,9 +110,15 @@ pub struct CommandStatus {
     /// Bytes of output stored so far (the offset a reader can read up to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_bytes: Option<i64>,
-    /// The SessionToken that sent the command, when a token sent it.
+    /// Who sent the command: the SessionToken's name when a token sent it,
+    /// else the member's username. Written once, by the operator, from what
+    /// the apiserver told the admission webhook: nobody can forge it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_by: Option<String>,
+    /// The full identity that sent it (`hangar:token:<namespace>:<name>`
+    /// for a token). Written once, with `sentBy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The uid of the Sandbox this command was admitted for: the command

@@ -323,7 +323,7 @@ pub(crate) fn command(e: &mut SchemaEditor) {
         SandboxRequestInvalid,
         "a command's phase only moves forward (queued, running, cancelling, then a final status)",
     );
-    for field in ["jobId", "sentBy", "sandboxUid"] {
+    for field in ["jobId", "sentBy", "sender", "sandboxUid"] {
         e.rule(
             "status",
             &format!("!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"),
@@ -392,7 +392,7 @@ pub(crate) fn session_token(e: &mut SchemaEditor) {
         SandboxRequestInvalid,
         "a revoked or expired token never becomes active again",
     );
-    for field in ["digest", "expiresAt"] {
+    for field in ["digest", "expiresAt", "sessionId"] {
         e.rule(
             "status",
             &format!("!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})"),

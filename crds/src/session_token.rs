@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_TTL_SECONDS: i64 = 3600;
 
+/// Marks a token made by the gateway's token route: the gateway mints its
+/// plaintext (answered in its response, nowhere else) and records its
+/// digest; the operator makes no delivery Secret for it.
+pub const ISSUED_BY_GATEWAY_ANNOTATION: &str = "hangar.dev/issued-by-gateway";
+
 /// A session token. The plaintext (`hgt_…`) is shown once; only its SHA-384
 /// digest is stored.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -81,6 +86,11 @@ pub struct SessionTokenStatus {
     pub expires_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<Time>,
+    /// The session (`status.sessionId` of the Sandbox) the token was made
+    /// for: a Sandbox re-created under the same name is another session,
+    /// which the token never reaches. Written once, with the digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
     /// Secret holding the plaintext once, for the creator to read and delete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_name: Option<String>,

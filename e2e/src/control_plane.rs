@@ -166,6 +166,17 @@ impl ControlPlane {
         client_from(&self.kubeconfig).await
     }
 
+    /// An administrator's client impersonating `user` in `groups` (what
+    /// `kubectl --as --as-group` does).
+    pub async fn client_impersonating(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
+        crate::install_crypto_provider();
+        let kc = Kubeconfig::read_from(&self.kubeconfig)?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+        Ok(kube::Client::try_from(config)?)
+    }
+
     /// A client that authenticates with `token` only (a ServiceAccount's,
     /// say): what that identity can do, nothing more.
     pub async fn client_as(&self, token: &str) -> Result<kube::Client> {

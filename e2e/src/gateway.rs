@@ -100,6 +100,17 @@ impl GatewayClient {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    /// The base URL proofs name in `htu` (`https://127.0.0.1:<port>`).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// A request with session token `creds` and a fresh proof for it.
+    pub async fn as_token(&self, creds: &TokenCreds, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let proof = creds.proof(method, &format!("{}{path}", self.base));
+        self.call(method, path, Some(&creds.token), body, &[("Hangar-Proof", &proof)]).await
+    }
+
     pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
         self.call("GET", path, Some(token), None, &[]).await
     }
@@ -118,6 +129,49 @@ impl GatewayClient {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A session token as a client holds it: the plaintext, and the P-256 key
+/// its proofs are signed with.
+pub struct TokenCreds {
+    pub name: String,
+    pub token: String,
+    pub signer: Arc<hangar_keys::proof::Signer>,
+}
+
+impl TokenCreds {
+    /// A proof for `method` `url`, made now, with a new `jti`.
+    pub fn proof(&self, method: &str, url: &str) -> String {
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let jti = format!("{:032x}", rand_u128());
+        self.signer.proof(method, url, &self.token, now, &jti)
+    }
+}
+
+fn rand_u128() -> u128 {
+    u128::from_le_bytes(hangar_keys::random_bytes::<16>().expect("random"))
+}
+
+/// The JWK of `signer`'s public key.
+pub fn jwk(signer: &hangar_keys::proof::Signer) -> Value {
+    let (x, y) = signer.jwk_xy();
+    serde_json::json!({"kty": "EC", "crv": "P-256", "x": x, "y": y})
+}
+
+/// Mints a token for session `sid` through the gateway as `member`.
+pub async fn mint_token(
+    gw: &GatewayClient,
+    member: &str,
+    sid: &str,
+    name: &str,
+    scopes: &[&str],
+    ttl: i64,
+) -> TokenCreds {
+    let signer = Arc::new(hangar_keys::proof::Signer::generate());
+    let body = serde_json::json!({"name": name, "scopes": scopes, "ttlSeconds": ttl, "publicKey": jwk(&signer)});
+    let (status, v) = gw.call("POST", &format!("/v1/sandboxes/{sid}/tokens"), Some(member), Some(&body), &[]).await;
+    assert_eq!(status, 201, "mint {name}: {v}");
+    TokenCreds { name: name.to_owned(), token: v["token"].as_str().expect("plaintext").to_owned(), signer }
 }
 
 /// An HTTPS client that trusts only the local CA and presents `identity`
@@ -152,8 +206,8 @@ pub const GATEWAY_AUDIENCE: &str = "hangar-gateway";
 /// The local apiserver's own audience (its service account issuer).
 pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
 
-/// A ServiceAccount in `namespace` allowed `verbs` on sandboxes and
-/// commands there, and a token for it.
+/// A ServiceAccount in `namespace` allowed `verbs` on sandboxes, commands
+/// and session tokens there, and a token for it.
 pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str) -> String {
     let run = |args: &[&str]| {
         let out = cp.kubectl().args(args).output().expect("kubectl");
@@ -171,7 +225,7 @@ pub fn member_token(cp: &ControlPlane, namespace: &str, name: &str, verbs: &str)
             "-n",
             namespace,
             &verb_arg,
-            "--resource=sandboxes.hangar.dev,commands.hangar.dev",
+            "--resource=sandboxes.hangar.dev,commands.hangar.dev,sessiontokens.hangar.dev",
         ]);
         let sa = format!("--serviceaccount={namespace}:{name}");
         run(&["create", "rolebinding", name, "-n", namespace, &format!("--role={name}"), &sa]);

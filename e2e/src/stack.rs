@@ -103,9 +103,10 @@ pub fn shared_stack() -> &'static LocalStack {
 /// The chart's templates that give the simulated workers the identity they
 /// have in a real cluster (the ServiceAccounts, the worker's RBAC and its
 /// node restriction policy) and keep foreign Pods off session nodes.
-pub const CHART_IDENTITIES_AND_POLICIES: [&str; 4] = [
+pub const CHART_IDENTITIES_AND_POLICIES: [&str; 5] = [
     "templates/serviceaccounts.yaml",
     "templates/rbac-worker.yaml",
+    "templates/rbac-session-tokens.yaml",
     "templates/worker-node-restriction.yaml",
     "templates/session-node-restriction.yaml",
 ];

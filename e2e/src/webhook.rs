@@ -54,29 +54,50 @@ impl WebhookProcess {
         self.process.check_alive()
     }
 
-    /// Registers the webhook for Command creates (`kubectl apply`, so a
+    /// Registers the webhooks (Command creates, SessionToken creates, writes
+    /// by session-token identities) (`kubectl apply`, so a
     /// restarted stack simply takes the new port).
     pub fn register(&self, cp: &ControlPlane) -> Result<()> {
         let ca = std::fs::read(&cp.pki.ca_cert).map_err(crate::error::io("read CA"))?;
-        let config = json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": CONFIGURATION},
-            "webhooks": [{
-                "name": "commands.hangar.dev",
+        let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+        let hook = |name: &str, path: &str, rules: serde_json::Value| {
+            json!({
+                "name": name,
                 "clientConfig": {
-                    "url": format!("https://127.0.0.1:{}/validate/commands", self.port),
-                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca),
+                    "url": format!("https://127.0.0.1:{}{path}", self.port),
+                    "caBundle": ca_bundle,
                 },
-                "rules": [{
-                    "apiGroups": ["hangar.dev"], "apiVersions": ["v1alpha1"],
-                    "operations": ["CREATE"], "resources": ["commands"],
-                }],
+                "rules": rules,
                 "failurePolicy": "Fail",
                 "sideEffects": "NoneOnDryRun",
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 10,
-            }],
+            })
+        };
+        let rule = |ops: &[&str], resources: &[&str]| json!({"apiGroups": ["hangar.dev"], "apiVersions": ["v1alpha1"], "operations": ops, "resources": resources});
+        // The same three webhooks as the chart's (charts/hangar/templates/webhook.yaml).
+        let mut token_callers = hook(
+            "token-callers.hangar.dev",
+            "/validate/token-callers",
+            json!([
+                rule(&["UPDATE", "DELETE"], &["commands", "commands/status"]),
+                rule(
+                    &["CREATE", "UPDATE", "DELETE"],
+                    &["sandboxes", "sandboxes/status", "sessiontokens", "sessiontokens/status", "sandboxtemplates"]
+                ),
+            ]),
+        );
+        token_callers["matchConditions"] =
+            json!([{"name": "session-token-identity", "expression": TOKEN_CALLER_CONDITION}]);
+        let config = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": CONFIGURATION},
+            "webhooks": [
+                hook("commands.hangar.dev", "/validate/commands", json!([rule(&["CREATE"], &["commands"])])),
+                hook("sessiontokens.hangar.dev", "/validate/sessiontokens", json!([rule(&["CREATE"], &["sessiontokens"])])),
+                token_callers,
+            ],
         });
         let path = cp.dir().join("webhook-configuration.json");
         std::fs::write(&path, config.to_string()).map_err(crate::error::io("write webhook configuration"))?;
@@ -91,3 +112,7 @@ impl WebhookProcess {
         Ok(())
     }
 }
+
+/// Which requests the token-callers webhook sees: those of a session
+/// token's identity (the chart's matchCondition too).
+pub const TOKEN_CALLER_CONDITION: &str = "request.userInfo.username.startsWith('hangar:token:') || (has(request.userInfo.groups) && 'hangar:session-tokens' in request.userInfo.groups)";

@@ -306,7 +306,16 @@ fn chart_installs_and_grants_least_privilege() {
     let gw = "hangar-gateway";
     yes(gw, &["create", "tokenreviews.authentication.k8s.io"]);
     yes(gw, &["create", "subjectaccessreviews.authorization.k8s.io"]);
-    yes(gw, &["create", "sandboxes.hangar.dev", "-n", "team-a"]);
+    // It writes as the caller (impersonation), never as itself.
+    no(gw, &["create", "sandboxes.hangar.dev", "-n", "team-a"]);
+    no(gw, &["create", "commands.hangar.dev", "-n", "team-a"]);
+    no(gw, &["patch", "commands.hangar.dev", "-n", "team-a"]);
+    yes(gw, &["impersonate", "users"]);
+    yes(gw, &["impersonate", "serviceaccounts", "-n", "team-a"]);
+    yes(gw, &["impersonate", "groups/hangar:session-tokens"]);
+    no(gw, &["impersonate", "groups/system:masters"]);
+    no(gw, &["impersonate", "groups"]);
+    yes(gw, &["patch", "sessiontokens.hangar.dev", "--subresource=status", "-n", "team-a"]);
     no(gw, &["get", "secrets", "-n", "team-a"]);
     // The output key-encryption key only: never the organisation key (which
     // seals the workspace keys), a workspace key or a raw hand-off.
@@ -318,6 +327,29 @@ fn chart_installs_and_grants_least_privilege() {
     no(gw, &["patch", "secrets", "-n", "hangar-system"]);
     no(gw, &["delete", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(gw, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
+
+    // A session token's identity may make the writes a token can make (the
+    // admission webhook holds each to its token) and read nothing.
+    let token = |args: &[&str]| {
+        let out = cp
+            .kubectl()
+            .args(["auth", "can-i", "--as", "hangar:token:team-a:t", "--as-group", "hangar:session-tokens"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    assert!(token(&["create", "commands.hangar.dev", "-n", "team-a"]));
+    assert!(token(&["patch", "sandboxes.hangar.dev", "-n", "team-a"]));
+    for denied in [
+        &["get", "commands.hangar.dev", "-n", "team-a"][..],
+        &["delete", "sandboxes.hangar.dev", "-n", "team-a"],
+        &["create", "sessiontokens.hangar.dev", "-n", "team-a"],
+        &["patch", "commands.hangar.dev", "--subresource=status", "-n", "team-a"],
+        &["get", "secrets", "-n", "team-a"],
+    ] {
+        assert!(!token(denied), "a token identity must not {denied:?}");
+    }
 
     let worker = "hangar-worker";
     // Its session's Commands it reads and reports as its node's account,

@@ -155,13 +155,20 @@ impl Auth {
 
     /// The caller, if within its request rate.
     fn admit(&self, caller: Caller) -> Result<Caller, ApiError> {
+        self.admit_key(&caller.user)?;
+        Ok(caller)
+    }
+
+    /// Whether `who` (a username, or a session token's identity) is within
+    /// its request rate.
+    pub fn admit_key(&self, who: &str) -> Result<(), ApiError> {
         if self.per_caller.len() > 10_000 {
             self.per_caller.retain_recent();
         }
-        if self.per_caller.check_key(&caller.user).is_err() {
+        if self.per_caller.check_key(&who.to_owned()).is_err() {
             return Err(rate_limited("requests from this caller"));
         }
-        Ok(caller)
+        Ok(())
     }
 
     /// May `caller` `verb` the `resource` (of hangar.dev) in `namespace`?

@@ -7,10 +7,11 @@
 
 use hangar_crds::{Command, CommandPhase, CommandSpec, EnvVar, ErrorCode, Sandbox};
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::acting::Acting;
 use crate::error::ApiError;
 
 /// Annotation holding the SHA-256 of the Idempotency-Key (never the key).
@@ -90,30 +91,32 @@ fn same_request(existing: &Command, req: &NewCommand) -> bool {
         && existing.spec.timeout_seconds == req.timeout_seconds.unwrap_or(hangar_crds::command::DEFAULT_TIMEOUT_SECONDS)
 }
 
-/// Creates the command; `Ok((command, replayed))`.
+/// Creates the command as `acting`; `Ok((command, replayed))`.
 pub async fn send(
-    api: &Api<Command>,
+    client: &kube::Client,
+    acting: &Acting,
     sandbox: &Sandbox,
     req: &NewCommand,
-    caller: &str,
     key: Option<&str>,
 ) -> Result<(Command, bool), ApiError> {
+    let caller = acting.user.as_str();
+    let api: Api<Command> = Api::namespaced(client.clone(), &sandbox.namespace().unwrap_or_default());
     // The webhook decides again at the create; answering here first keeps
     // an ended session from costing an apiserver round trip.
     let (namespace, name) = (sandbox.namespace().unwrap_or_default(), sandbox.name_any());
-    hangar_core::admission::session_takes_commands(&namespace, &name, Some(sandbox))
-        .map_err(|r| ApiError::new(r.code, r.text))?;
+    hangar_core::admission::session_takes_commands(&namespace, &name, Some(sandbox))?;
     let session_id = sandbox.uid().unwrap_or_default();
     let named = key.map(|k| name_for_key(&session_id, caller, k));
+    let namespace = namespace.as_str();
     let Some(wanted) = named.as_ref().map(|(n, _)| n.clone()) else {
-        return Ok((api.create(&PostParams::default(), &manifest(sandbox, req, None)).await?, false));
+        return Ok((acting.create(client, namespace, &manifest(sandbox, req, None)).await?, false));
     };
     // A replay is answered from what is stored, without a create (and so
     // without an admission): it takes no second place in the session.
     if let Some(existing) = api.get_opt(&wanted).await? {
         return replay(existing, req);
     }
-    match api.create(&PostParams::default(), &manifest(sandbox, req, named)).await {
+    match acting.create_raw(client, namespace, &manifest(sandbox, req, named)).await {
         Ok(c) => Ok((c, false)),
         Err(kube::Error::Api(e)) if e.reason == "AlreadyExists" => replay(api.get(&wanted).await?, req),
         Err(e) => Err(e.into()),
@@ -139,9 +142,9 @@ fn replay(existing: Command, req: &NewCommand) -> Result<(Command, bool), ApiErr
     Ok((existing, true))
 }
 
-pub async fn cancel(api: &Api<Command>, name: &str) -> Result<Command, ApiError> {
-    let patch = json!({"spec": {"cancel": true}});
-    Ok(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?)
+/// Sets `cancel` as `acting`.
+pub async fn cancel(client: &kube::Client, acting: &Acting, namespace: &str, name: &str) -> Result<Command, ApiError> {
+    acting.patch(client, namespace, name, &json!({"spec": {"cancel": true}})).await
 }
 
 #[cfg(test)]

@@ -16,6 +16,16 @@ impl ApiError {
         Self { status: code.http_status(), code: code.as_str(), message: message.into() }
     }
 
+    /// No such route (404, `not_found`: not a session that does not exist).
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self { status: 404, code: "not_found", message: message.into() }
+    }
+
+    /// A route that exists, with another method.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self { status: 405, code: "method_not_allowed", message: message.into() }
+    }
+
     /// Not a refusal: something on our side failed.
     pub fn internal(message: impl Into<String>) -> Self {
         Self { status: 500, code: "internal", message: message.into() }
@@ -62,6 +72,11 @@ impl From<kube::Error> for ApiError {
                 }
                 // The apiserver's own words name objects, namespaces and
                 // identities: they go to the log, the client gets the code.
+                // RBAC refused the caller (the write is made as them).
+                None if ae.code == 403 => {
+                    tracing::info!(error = %ae.message, "request refused by the apiserver's authorisation");
+                    ApiError::new(ErrorCode::Forbidden, "you may not do this to this session")
+                }
                 None if ae.code == 422 || ae.code == 400 => {
                     tracing::info!(error = %ae.message, "request refused by the apiserver");
                     ApiError::new(ErrorCode::SandboxRequestInvalid, "the request is not valid")
@@ -76,6 +91,12 @@ impl From<kube::Error> for ApiError {
                 ApiError::internal("the session API could not complete the request")
             }
         }
+    }
+}
+
+impl From<hangar_core::refusal::Refusal> for ApiError {
+    fn from(r: hangar_core::refusal::Refusal) -> Self {
+        ApiError::new(r.code, r.text)
     }
 }
 

@@ -6,12 +6,21 @@
 //! - `views`: the JSON the routes return;
 //! - `commands`: send (with `Idempotency-Key`), list, cancel;
 //! - `output`: the output keys and reads by byte offset with long-poll;
-//! - `routes`: the route table; `error`: the contract's error shape.
+//! - `session_tokens`: session tokens (`hgt_…`) with their proof of
+//!   possession; `acting`: writes made as the caller (impersonation);
+//! - `sessions`: start a session, templates; `tokens`: mint and revoke;
+//! - `routes`: the route table; `openapi`: its document; `error`: the
+//!   contract's error shape.
 
+pub mod acting;
 pub mod auth;
 pub mod commands;
 pub mod error;
 pub mod index;
+pub mod openapi;
 pub mod output;
 pub mod routes;
+pub mod session_tokens;
+pub mod sessions;
+pub mod tokens;
 pub mod views;

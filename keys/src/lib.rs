@@ -4,10 +4,12 @@
 //! - `seal`: the organisation key ([`OrgKey`]), which seals other keys;
 //!   the attempt key ([`AttemptKey`]), which seals command output chunks
 //! - `session`: the 64-byte workspace key made for each session
+//! - `proof`: a session token's proof of possession (`Hangar-Proof`)
 //! - `token`: session tokens (`hgt_…`) and the digest kept of them
 //!
 //! Raw key bytes are `zeroize::Zeroizing`: wiped from memory when dropped.
 
+pub mod proof;
 pub mod seal;
 pub mod session;
 pub mod token;

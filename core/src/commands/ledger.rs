@@ -63,6 +63,11 @@ pub struct Entry {
     pub admitted_at: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub number: Option<i64>,
+    /// Who sent it: the username the apiserver told the webhook (a session
+    /// token's is `hangar:token:<namespace>:<name>`). The operator copies it
+    /// to `status.sender` and `status.sentBy`; no tenant can edit it here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
 }
 
 /// A command of the session as it exists now.
@@ -86,11 +91,12 @@ impl Live {
     }
 }
 
-/// A create to decide: the object's uid and name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A create to decide: the object's uid and name, and who sends it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Create {
     pub uid: String,
     pub name: String,
+    pub sender: Option<String>,
 }
 
 /// What a create does to the ledger when it is allowed.
@@ -170,7 +176,13 @@ impl Ledger {
 
     /// Adds the reservation of an admitted create.
     pub fn reserve(&mut self, create: &Create, now: i64) {
-        self.entries.push(Entry { uid: create.uid.clone(), name: create.name.clone(), admitted_at: now, number: None });
+        self.entries.push(Entry {
+            uid: create.uid.clone(),
+            name: create.name.clone(),
+            admitted_at: now,
+            number: None,
+            sender: create.sender.clone(),
+        });
     }
 
     /// A command whose uid is not in the ledger but whose name is, on a
@@ -188,6 +200,9 @@ impl Ledger {
                 self.entries.iter_mut().find(|e| e.name == l.name && e.number.is_none() && !held.contains(&e.uid))
             {
                 e.uid = l.uid.clone();
+                // The stored create was another request, maybe another
+                // sender's: who sent it is not known here.
+                e.sender = None;
                 changed = true;
             }
         }
@@ -204,7 +219,7 @@ mod tests {
     }
 
     fn create(uid: &str, name: &str) -> Create {
-        Create { uid: uid.into(), name: name.into() }
+        Create { uid: uid.into(), name: name.into(), sender: None }
     }
 
     fn ledger(entries: &[(&str, &str, i64, Option<i64>)]) -> Ledger {
@@ -216,6 +231,7 @@ mod tests {
                     name: (*name).into(),
                     admitted_at: *at,
                     number: *number,
+                    sender: None,
                 })
                 .collect(),
         }

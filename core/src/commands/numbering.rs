@@ -31,7 +31,7 @@ mod tests {
     use crate::commands::ledger::Entry;
 
     fn entry(uid: &str, number: Option<i64>) -> Entry {
-        Entry { uid: uid.into(), name: uid.into(), admitted_at: 0, number }
+        Entry { uid: uid.into(), name: uid.into(), admitted_at: 0, number, sender: None }
     }
 
     fn live(uid: &str, created: i64) -> Live {

@@ -4,4 +4,5 @@ pub mod ending;
 pub mod instance;
 pub mod node_choice;
 pub mod phase_machine;
+pub mod requests;
 pub mod reset;

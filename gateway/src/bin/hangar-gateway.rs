@@ -57,6 +57,14 @@ struct Settings {
     /// TokenReviews per second of tokens not seen before, all callers together.
     #[arg(long, env = "HANGAR_GATEWAY_TOKEN_REVIEW_RATE", default_value_t = NonZeroU32::new(100).expect("non-zero"))]
     token_review_rate: NonZeroU32,
+    /// Groups of a member the gateway passes on when it acts as them
+    /// (comma-separated; others are dropped).
+    #[arg(long, env = "HANGAR_GATEWAY_IMPERSONATE_GROUPS", value_delimiter = ',', default_value = "")]
+    impersonate_groups: Vec<String>,
+    /// The public base URL (https://host[:port]) session-token proofs name
+    /// in `htu`; empty: the request's own Host.
+    #[arg(long, env = "HANGAR_GATEWAY_PUBLIC_URL", default_value = "")]
+    public_url: String,
     /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
     #[arg(long, env = "HANGAR_GATEWAY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
@@ -97,9 +105,13 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
         settings.output_s3_endpoint.as_deref(),
     )?;
     let index = Index::start(client.clone()).await?;
+    let tokens = hangar_gateway::session_tokens::SessionTokens::start(client.clone()).await?;
     let gw = Arc::new(Gateway {
         auth,
         index,
+        tokens,
+        impersonable_groups: settings.impersonate_groups.iter().filter(|g| !g.is_empty()).cloned().collect(),
+        public_url: Some(settings.public_url.clone()).filter(|u| !u.is_empty()),
         output: OutputReader::new(store, maps, kek),
         long_poll: Duration::from_secs(settings.long_poll_seconds),
         client,

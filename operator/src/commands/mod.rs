@@ -13,7 +13,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use hangar_core::commands::ledger::{self, Ledger, Live};
 use hangar_core::commands::numbering;
-use hangar_crds::{Command, CommandPhase, Sandbox, job_id};
+use hangar_core::tokens::scope;
+use hangar_crds::{Command, CommandPhase, Sandbox, SessionToken, job_id};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -70,8 +71,14 @@ async fn reconcile(command: Arc<Command>, ctx: Arc<Context>, serves: bool) -> Re
             }
             return Ok(Requeue::await_change());
         }
-        if command.spec.cancel && status.phase == Some(CommandPhase::Queued) {
-            cancel_queued(&api, &command).await?;
+        if status.phase == Some(CommandPhase::Queued) {
+            if command.spec.cancel {
+                cancel_queued(&api, &command, "cancelled before it ran").await?;
+            } else if let Some(sender) = &status.sender
+                && sender_token_ended(&ctx, &ns, sender).await?
+            {
+                cancel_queued(&api, &command, TOKEN_ENDED).await?;
+            }
         }
         Ok(Requeue::await_change())
     }
@@ -115,7 +122,13 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
     for c in mine.iter().filter(|c| c.status.as_ref().and_then(|s| s.number).is_none()) {
         let now = Time(Timestamp::now());
         let finished = c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final);
-        let status = match next.entry(&c.uid().unwrap_or_default()).and_then(|e| e.number) {
+        let entry = next.entry(&c.uid().unwrap_or_default());
+        let sender = entry.and_then(|e| e.sender.clone());
+        let token_ended = match &sender {
+            Some(s) => sender_token_ended(ctx, ns, s).await?,
+            None => false,
+        };
+        let mut status = match entry.and_then(|e| e.number) {
             // Ended before it was numbered (its session ended): it keeps
             // its status and gets its number.
             Some(number) if finished => json!({
@@ -124,6 +137,11 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
             Some(number) if c.spec.cancel => json!({
                 "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
                 "phase": "cancelled", "queuedAt": now, "finishedAt": now, "reason": "cancelled before it ran",
+            }),
+            // Its token ended before it was numbered: it never runs.
+            Some(number) if token_ended => json!({
+                "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
+                "phase": "cancelled", "queuedAt": now, "finishedAt": now, "reason": TOKEN_ENDED,
             }),
             Some(number) => json!({
                 "number": number, "jobId": job_id(&session_id, number), "sandboxUid": session_id,
@@ -138,6 +156,10 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
                 })
             }
         };
+        if let Some(sender) = &sender {
+            status["sender"] = json!(sender);
+            status["sentBy"] = json!(scope::sent_by(sender));
+        }
         match swap_status(api, *c, status).await? {
             Swap::Swapped(_) => ctx.numbering.mark(c.uid().unwrap_or_default()),
             // Changed under us (e.g. cancel set): the next pass numbers it.
@@ -168,12 +190,25 @@ pub async fn stamp_node(ctx: &Context, sandbox: &Sandbox, node: &str) -> Result<
     Ok(())
 }
 
-/// Queued → cancelled, unless the worker started it first.
-async fn cancel_queued(api: &Api<Command>, command: &Command) -> Result<()> {
+/// Why a command its token's end cancelled never ran.
+pub const TOKEN_ENDED: &str = "the session token that sent it ended before it ran";
+
+/// Whether `sender` is a session token that has ended (revoked, expired or
+/// gone): the commands it sent that have not started never run.
+async fn sender_token_ended(ctx: &Context, namespace: &str, sender: &str) -> Result<bool> {
+    let Some((token_ns, name)) = scope::token_of_identity(sender) else {
+        return Ok(false);
+    };
+    let token = Api::<SessionToken>::namespaced(ctx.client.clone(), token_ns).get_opt(name).await?;
+    Ok(token_ns != namespace || token.is_none_or(|t| scope::active(&t, None, Timestamp::now()).is_err()))
+}
+
+/// Queued → cancelled (`reason`), unless the worker started it first.
+pub async fn cancel_queued(api: &Api<Command>, command: &Command, reason: &str) -> Result<()> {
     let status = json!({
         "phase": "cancelled",
         "finishedAt": Time(Timestamp::now()),
-        "reason": "cancelled before it ran",
+        "reason": reason,
     });
     try_swap_status(api, command, status).await?;
     Ok(())

@@ -103,6 +103,9 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
         let now = Timestamp::now();
         let created = token.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
         if status.digest.is_none() && status.phase.is_none() {
+            if token.annotations().contains_key(hangar_crds::session_token::ISSUED_BY_GATEWAY_ANNOTATION) {
+                return await_gateway(&api, &token, created, now).await;
+            }
             return mint(&api, &secrets, &token, sandbox.as_ref(), created, now).await;
         }
         let expires = status.expires_at.as_ref().map_or(now, |t| t.0);
@@ -129,6 +132,7 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
             return Ok(Requeue::await_change());
         }
         if next.phase != TokenPhase::Active {
+            cancel_its_queued_commands(&ctx, &token).await?;
             return Ok(Requeue::await_change());
         }
         let mut wake = expires;
@@ -142,8 +146,51 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
     .await
 }
 
-/// A new token: nothing minted for a session that is gone or has ended;
-/// else the plaintext into its Secret, then the digest into the status.
+/// A token the gateway's token route made: the gateway mints its plaintext,
+/// answers it in its response and records the digest itself; the operator
+/// makes no Secret for it. One the gateway never issued (it crashed between
+/// the create and the status) is revoked after [`GATEWAY_ISSUE_SECONDS`].
+pub const GATEWAY_ISSUE_SECONDS: i64 = 60;
+
+async fn await_gateway(
+    api: &Api<SessionToken>,
+    token: &SessionToken,
+    created: Timestamp,
+    now: Timestamp,
+) -> Result<Requeue> {
+    let deadline = created + SignedDuration::from_secs(GATEWAY_ISSUE_SECONDS);
+    if now < deadline {
+        return Ok(Requeue::requeue(deadline.duration_since(now).unsigned_abs() + Duration::from_millis(100)));
+    }
+    let patch = json!({"phase": "revoked", "reason": "not_issued", "revokedAt": Time(now)});
+    try_swap_status(api, token, patch).await?;
+    Ok(Requeue::await_change())
+}
+
+/// Every command `token` sent that has not started is cancelled: a token's
+/// end ends its authority (a command it started runs on). Commands not yet
+/// numbered are cancelled as they are numbered (`commands`).
+async fn cancel_its_queued_commands(ctx: &Context, token: &SessionToken) -> Result<()> {
+    let ns = token.namespace().unwrap_or_default();
+    let identity = tokens::scope::identity(&ns, &token.name_any());
+    let api: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
+    for c in ctx.commands.state() {
+        let st = c.status.clone().unwrap_or_default();
+        if c.namespace().as_deref() == Some(ns.as_str())
+            && st.sender.as_deref() == Some(identity.as_str())
+            && st.phase == Some(hangar_crds::CommandPhase::Queued)
+        {
+            crate::commands::cancel_queued(&api, &c, crate::commands::TOKEN_ENDED).await?;
+            tracing::info!(command = %c.name_any(), "cancelled: the token that sent it ended");
+        }
+    }
+    Ok(())
+}
+
+/// A new token: nothing minted for a session that is gone or has ended, or
+/// past the session's 32 active tokens (in creation order: two made at once
+/// past the admission check cannot both be the 32nd); else the plaintext
+/// into its Secret, then the digest into the status.
 async fn mint(
     api: &Api<SessionToken>,
     secrets: &Api<Secret>,
@@ -152,10 +199,20 @@ async fn mint(
     created: Timestamp,
     now: Timestamp,
 ) -> Result<Requeue> {
+    let earlier = |t: &SessionToken| {
+        let key = |t: &SessionToken| (t.metadata.creation_timestamp.as_ref().map(|c| c.0), t.name_any());
+        key(t) < key(token)
+    };
     let refused = match sandbox {
         None => Some("sandbox_not_found"),
         Some(s) if s.has_ended() => Some("session_ended"),
-        Some(_) => None,
+        Some(s) => {
+            let siblings = api.list(&Default::default()).await?.items;
+            let before = siblings.iter().filter(|t| earlier(t));
+            tokens::token_create("", "", Some(s), before, token.uid().as_deref(), now)
+                .err()
+                .map(|_| "sandbox_token_limit")
+        }
     };
     if let Some(reason) = refused {
         let patch = json!({"phase": "revoked", "reason": reason, "revokedAt": Time(now)});
@@ -163,11 +220,7 @@ async fn mint(
         return Ok(Requeue::await_change());
     }
     let sandbox = sandbox.expect("checked");
-    let compute_left = sandbox
-        .spec
-        .stop_after_seconds
-        .map(|limit| limit - sandbox.status.as_ref().and_then(|s| s.compute_seconds).unwrap_or(0));
-    let expires = tokens::expires_at(created, token.spec.ttl_seconds, compute_left);
+    let expires = tokens::expires_for(sandbox, created, token.spec.ttl_seconds);
     let plaintext = hangar_keys::token::new_plaintext().map_err(Error::Key)?;
     let name = delivery_secret_name(&token.name_any());
     let secret = Secret {
@@ -194,6 +247,7 @@ async fn mint(
         "phase": "active",
         "digest": hangar_keys::token::digest(&plaintext),
         "expiresAt": Time(expires),
+        "sessionId": sandbox.uid(),
         "secretName": name,
     });
     if !try_swap_status(api, token, patch).await? {

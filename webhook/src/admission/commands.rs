@@ -28,20 +28,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use hangar_core::admission::command_creates;
 use hangar_core::commands::ledger::{self, Create, Ledger, Live, Place};
 use hangar_crds::{Command, Sandbox};
 use hangar_runtime::json_document;
-use hangar_runtime::kube_ext::log_watch_errors;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::oneshot;
 
+use super::caches::Caches;
 use super::{AdmissionError, Refusal};
 
 /// A decision, or why none could be made (shared by a whole batch).
@@ -73,19 +71,15 @@ pub struct CommandAdmission {
 }
 
 impl CommandAdmission {
-    /// Starts the Sandbox and Command watches and waits for their first
-    /// lists.
-    pub async fn start(client: kube::Client, system_namespace: &str) -> Result<Self, AdmissionError> {
-        let (sandboxes, sw) = reflector::store();
-        let (commands, cw) = reflector::store();
-        let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
-        let c = reflector::reflector(cw, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()));
-        tokio::spawn(s.default_backoff().for_each(log_watch_errors("Sandbox")));
-        tokio::spawn(c.default_backoff().for_each(log_watch_errors("Command")));
-        sandboxes.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
-        commands.wait_until_ready().await.map_err(|_| AdmissionError::CacheNotReady)?;
+    pub fn new(client: kube::Client, caches: &Caches, system_namespace: &str) -> Self {
         let ledgers = Api::namespaced(client.clone(), system_namespace);
-        Ok(Self { client, ledgers, sandboxes, commands, queues: Mutex::default() })
+        Self {
+            client,
+            ledgers,
+            sandboxes: caches.sandboxes.clone(),
+            commands: caches.commands.clone(),
+            queues: Mutex::default(),
+        }
     }
 
     fn queue(&self, key: String) -> Arc<SessionQueue> {
@@ -98,9 +92,9 @@ impl CommandAdmission {
     }
 
     /// Reads, decides and (unless a dry run) reserves the command's place.
-    pub async fn admit(&self, namespace: &str, command: &Command, dry_run: bool) -> Decided {
+    pub async fn admit(&self, namespace: &str, command: &Command, sender: Option<String>, dry_run: bool) -> Decided {
         let name = &command.spec.sandbox;
-        let create = Create { uid: command.uid().unwrap_or_default(), name: command.name_any() };
+        let create = Create { uid: command.uid().unwrap_or_default(), name: command.name_any(), sender };
         let queue = self.queue(format!("{namespace}/{name}"));
         if dry_run {
             // Decided on a read; nothing is reserved.

@@ -1,8 +1,11 @@
 //! Admission: `review` reads an AdmissionReview and writes the answer;
 //! each kind's rules live in a module of its own.
 
+pub mod caches;
 pub mod commands;
 pub mod review;
+pub mod session_tokens;
+pub mod token_callers;
 
 pub use hangar_core::admission::Refusal;
 

@@ -1,5 +1,6 @@
 //! hangar-webhook: serves admission for the hangar.dev kinds over TLS.
-//! `POST /validate/commands` (ValidatingWebhookConfiguration), `GET /healthz`.
+//! `POST /validate/commands`, `/validate/sessiontokens` and
+//! `/validate/token-callers` (ValidatingWebhookConfiguration), `GET /healthz`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,8 +8,8 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::Parser;
-use hangar_crds::Command;
-use hangar_webhook::admission::{AdmissionError, commands, review};
+use hangar_crds::{Command, SessionToken};
+use hangar_webhook::admission::{AdmissionError, caches, commands, review, session_tokens, token_callers};
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use std::sync::Arc;
 use tracing::Instrument;
@@ -48,6 +49,8 @@ struct Settings {
 /// What every admission shares.
 struct Webhook {
     commands: commands::CommandAdmission,
+    tokens: session_tokens::TokenAdmission,
+    token_callers: token_callers::TokenCallers,
     http: HttpMetrics,
     metrics: AdmissionMetrics,
 }
@@ -79,8 +82,11 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     // /healthz answers (and /readyz says 503) while the caches fill: an
     // apiserver slow to answer is waited for, not a reason to look dead.
     let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
-    let commands = commands::CommandAdmission::start(client, &settings.system_namespace).await?;
-    let wh = Arc::new(Webhook { commands, http, metrics });
+    let caches = caches::Caches::start(&client).await?;
+    let commands = commands::CommandAdmission::new(client.clone(), &caches, &settings.system_namespace);
+    let tokens = session_tokens::TokenAdmission::new(client.clone(), &caches);
+    let token_callers = token_callers::TokenCallers::new(client, &caches);
+    let wh = Arc::new(Webhook { commands, tokens, token_callers, http, metrics });
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
     readiness.set_ready();
@@ -99,46 +105,98 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn handle(wh: &Webhook, req: Request<RequestBody>) -> Response<Body> {
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::POST, "/validate/commands") => {
-            let body = match req.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                    return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
-                }
-                Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
-            };
-            match validate_command(wh, &body).await {
-                Ok(answer) => json(StatusCode::OK, &answer),
-                // The apiserver applies failurePolicy (Fail): the create is refused.
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not decide an admission");
-                    text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
-                }
-            }
+    let path = req.uri().path().to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok"),
+        (&Method::POST, "/validate/commands" | "/validate/sessiontokens" | "/validate/token-callers") => {}
+        _ => return text(StatusCode::NOT_FOUND, "not found"),
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
         }
-        _ => text(StatusCode::NOT_FOUND, "not found"),
+        Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let decided = match path.as_str() {
+        "/validate/commands" => validate_command(wh, &body).await,
+        "/validate/sessiontokens" => validate_token(wh, &body).await,
+        _ => validate_token_caller(wh, &body).await,
+    };
+    match decided {
+        Ok(answer) => json(StatusCode::OK, &answer),
+        // The apiserver applies failurePolicy (Fail): the write is refused.
+        Err(e) => {
+            tracing::warn!(error = %e, "could not decide an admission");
+            text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
+        }
     }
 }
 
-async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, Arc<AdmissionError>> {
-    let review: AdmissionReview<Command> =
+fn request<K: kube::Resource + serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<AdmissionRequest<K>, AdmissionError> {
+    let review: AdmissionReview<K> =
         serde_json::from_slice(body).map_err(|source| AdmissionError::Decode { kind: "AdmissionReview", source })?;
-    let req: AdmissionRequest<Command> = review.try_into().map_err(|_| AdmissionError::NoRequest)?;
+    review.try_into().map_err(|_| AdmissionError::NoRequest)
+}
+
+async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, Arc<AdmissionError>> {
+    let req: AdmissionRequest<Command> = request(body)?;
     if req.operation != Operation::Create {
         return Ok(to_json(review::answer(&req, None)));
     }
     let command = req.object.as_ref().ok_or(AdmissionError::NoObject)?;
     let ns = req.namespace.clone().unwrap_or_default();
     let span = tracing::info_span!("admit_command", namespace = %ns, sandbox = %command.spec.sandbox);
-    let decision = wh.commands.admit(&ns, command, req.dry_run).instrument(span).await?;
+    // A token's scope first: a command it may not send takes no place.
+    if let Some(refusal) =
+        wh.token_callers.command_create(&req.user_info, &ns, command).instrument(span.clone()).await?
+    {
+        span.in_scope(|| tracing::info!(code = refusal.code.as_str(), "refused for the token"));
+        wh.metrics.decided("Command", Some(refusal.code.as_str()));
+        return Ok(to_json(review::answer(&req, Some(&refusal))));
+    }
+    let sender = token_callers::sender(&req.user_info);
+    let decision = wh.commands.admit(&ns, command, sender, req.dry_run).instrument(span).await?;
     match &decision {
         Err(r) => tracing::info!(code = r.code.as_str(), "refused"),
         Ok(place) => tracing::debug!(?place, "admitted"),
     }
     wh.metrics.decided("Command", decision.as_ref().err().map(|r| r.code.as_str()));
     Ok(to_json(review::answer(&req, decision.as_ref().err())))
+}
+
+async fn validate_token(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, Arc<AdmissionError>> {
+    let req: AdmissionRequest<SessionToken> = request(body)?;
+    let refusal = match (&req.operation, req.object.as_ref()) {
+        (Operation::Create, Some(token)) => {
+            let ns = req.namespace.clone().unwrap_or_default();
+            let span = tracing::info_span!("admit_session_token", namespace = %ns, sandbox = %token.spec.sandbox);
+            wh.tokens.create(&ns, token).instrument(span).await?
+        }
+        _ => None,
+    };
+    wh.metrics.decided("SessionToken", refusal.as_ref().map(|r| r.code.as_str()));
+    Ok(to_json(review::answer(&req, refusal.as_ref())))
+}
+
+async fn validate_token_caller(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, Arc<AdmissionError>> {
+    let req: AdmissionRequest<kube::core::DynamicObject> = request(body)?;
+    let span =
+        tracing::info_span!("admit_token_write", kind = %req.kind.kind, namespace = ?req.namespace, name = %req.name);
+    let refusal = wh.token_callers.write(&req).instrument(span).await?;
+    if let Some(r) = &refusal {
+        tracing::info!(code = r.code.as_str(), kind = %req.kind.kind, "refused a token's write");
+    }
+    let kind = match req.kind.kind.as_str() {
+        "Command" => "Command",
+        "Sandbox" => "Sandbox",
+        "SessionToken" => "SessionToken",
+        _ => "other",
+    };
+    wh.metrics.decided(kind, refusal.as_ref().map(|r| r.code.as_str()));
+    Ok(to_json(review::answer(&req, refusal.as_ref())))
 }
 
 fn to_json(review: AdmissionReview<kube::core::DynamicObject>) -> serde_json::Value {

@@ -1,0 +1,100 @@
+//! Pause, resume, stop and Revoke All as requests (the gateway's routes, by
+//! a member or a `control` token): whether the session takes the request
+//! now, and the change of the Sandbox's spec it makes.
+//!
+//! - pause: a session in mode `agent` cannot (`sandbox_pause_unavailable`);
+//!   one that is not running does not (`sandbox_not_running`);
+//! - resume: a paused (or pausing) session resumes; asking a session that
+//!   already runs changes nothing;
+//! - stop and Revoke All work in every state before the end;
+//! - after the end, nothing (`sandbox_ended`).
+
+use hangar_crds::sandbox::{DesiredState, Mode, Phase};
+use hangar_crds::{ErrorCode, Sandbox};
+use serde_json::{Value, json};
+
+use crate::refusal::Refusal;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    Pause,
+    Resume,
+    Stop,
+    RevokeAll,
+}
+
+/// The merge patch of the Sandbox `request` makes (`None`: already so).
+pub fn change(session: &Sandbox, request: Request) -> Result<Option<Value>, Refusal> {
+    if session.has_ended() {
+        return Err(Refusal::new(ErrorCode::SandboxEnded, "the session has ended"));
+    }
+    let phase = session.status.as_ref().and_then(|s| s.phase);
+    match request {
+        Request::Pause => {
+            if session.spec.mode == Mode::Agent {
+                return Err(Refusal::new(
+                    ErrorCode::SandboxPauseUnavailable,
+                    "a session in mode agent cannot pause: its agent is the main process, and processes do not survive a pause",
+                ));
+            }
+            if session.spec.state != DesiredState::Running || phase != Some(Phase::Running) {
+                let now = phase.map_or_else(|| "starting".to_owned(), |p| format!("{p:?}").to_lowercase());
+                return Err(Refusal::new(
+                    ErrorCode::SandboxNotRunning,
+                    format!("only a running session pauses; this one is {now}"),
+                ));
+            }
+            Ok(Some(json!({"spec": {"state": "Paused"}})))
+        }
+        Request::Resume if session.spec.state == DesiredState::Paused => {
+            Ok(Some(json!({"spec": {"state": "Running"}})))
+        }
+        Request::Resume => Ok(None),
+        Request::Stop => Ok(Some(json!({"spec": {"state": "Ended"}}))),
+        Request::RevokeAll => Ok(Some(json!({"spec": {"revokeAll": true}}))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(mode: &str, state: &str, phase: &str) -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "box", "namespace": "ns", "uid": "u"},
+            "spec": {"mode": mode, "image": "r/i@sha256:aa", "state": state},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    fn code(r: Result<Option<Value>, Refusal>) -> String {
+        match r {
+            Ok(Some(v)) => v["spec"].to_string(),
+            Ok(None) => "unchanged".into(),
+            Err(r) => r.code.as_str().into(),
+        }
+    }
+
+    #[test]
+    fn the_contracts_answers() {
+        let cases = [
+            ("commands", "Running", "running", Request::Pause, r#"{"state":"Paused"}"#),
+            ("agent", "Running", "running", Request::Pause, "sandbox_pause_unavailable"),
+            ("commands", "Running", "launching", Request::Pause, "sandbox_not_running"),
+            ("commands", "Paused", "paused", Request::Pause, "sandbox_not_running"),
+            ("commands", "Paused", "paused", Request::Resume, r#"{"state":"Running"}"#),
+            ("commands", "Paused", "pausing", Request::Resume, r#"{"state":"Running"}"#),
+            ("commands", "Running", "running", Request::Resume, "unchanged"),
+            ("commands", "Paused", "paused", Request::Stop, r#"{"state":"Ended"}"#),
+            ("agent", "Running", "launching", Request::RevokeAll, r#"{"revokeAll":true}"#),
+            ("commands", "Ended", "stopping", Request::Stop, "sandbox_ended"),
+            ("commands", "Running", "ended", Request::Resume, "sandbox_ended"),
+            ("commands", "Running", "failed", Request::RevokeAll, "sandbox_ended"),
+        ];
+        for (mode, state, phase, req, want) in cases {
+            assert_eq!(code(change(&session(mode, state, phase), req)), want, "{mode} {state} {phase} {req:?}");
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Session-token auth: `Authorization: Bearer hgt_…` and `Hangar-Proof`.
+//!
+//! The token is found by its SHA-384 digest (the only thing stored of it)
+//! in a watch of SessionTokens; the proof is checked against the token's
+//! public key and this request (`hangar_keys::proof`), and its `jti` is
+//! claimed in a window of seen ones. Whether the token may do the act is
+//! `hangar_core::tokens::scope::decide` — the admission webhook's decision
+//! too, for the write the gateway then makes as the token's identity.
+//!
+//! Every failure is `token_invalid` (401) without saying which check
+//! failed: an attacker learns nothing about which tokens exist.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use hangar_crds::{ErrorCode, SessionToken};
+use hangar_keys::proof::{self, ProofError, PublicKey, ReplayWindow};
+use hangar_runtime::kube_ext::log_watch_errors;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use crate::error::ApiError;
+
+/// Proofs remembered at once (a `jti` lives two minutes); past this a new
+/// proof is refused rather than a live one forgotten.
+const REPLAY_CAPACITY: usize = 1_000_000;
+
+pub struct SessionTokens {
+    pub store: Store<SessionToken>,
+    by_digest: Arc<Mutex<HashMap<String, ObjectRef<SessionToken>>>>,
+    seen: Mutex<ReplayWindow>,
+}
+
+impl SessionTokens {
+    /// Starts the watch (and the digest index beside it) and waits for its
+    /// first list.
+    pub async fn start(client: kube::Client) -> Result<Self, reflector::store::WriterDropped> {
+        let (store, writer) = reflector::store();
+        let by_digest: Arc<Mutex<HashMap<String, ObjectRef<SessionToken>>>> = Arc::default();
+        let index = by_digest.clone();
+        let events =
+            reflector::reflector(writer, watcher(Api::<SessionToken>::all(client), watcher::Config::default()))
+                .default_backoff()
+                .applied_objects();
+        let mut log = log_watch_errors("SessionToken");
+        tokio::spawn(events.for_each(move |event| {
+            if let Ok(token) = &event
+                && let Some(digest) = token.status.as_ref().and_then(|s| s.digest.clone())
+            {
+                let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
+                index.insert(digest, ObjectRef::from_obj(token));
+            }
+            log(event.map(|_| ()))
+        }));
+        store.wait_until_ready().await?;
+        Ok(Self { store, by_digest, seen: Mutex::new(ReplayWindow::new(REPLAY_CAPACITY)) })
+    }
+
+    /// Whether the watch has delivered a token with `digest`.
+    pub fn knows(&self, digest: &str) -> bool {
+        self.by_digest.lock().unwrap_or_else(|p| p.into_inner()).contains_key(digest)
+    }
+
+    /// The token for this bearer and proof, or `token_invalid`.
+    pub fn authenticate(
+        &self,
+        bearer: &str,
+        proof_header: Option<&str>,
+        method: &str,
+        url: &str,
+    ) -> Result<Arc<SessionToken>, ApiError> {
+        let digest = hangar_keys::token::digest(bearer);
+        let found = self.by_digest.lock().unwrap_or_else(|p| p.into_inner()).get(&digest).cloned();
+        let token = found
+            .and_then(|r| self.store.get(&r))
+            // The index may name a token since deleted or re-made: the
+            // stored digest is what counts.
+            .filter(|t| t.status.as_ref().and_then(|s| s.digest.as_deref()) == Some(digest.as_str()))
+            .ok_or_else(|| refused(None))?;
+        let jwk = &token.spec.public_key;
+        let key = PublicKey { kty: &jwk.kty, crv: &jwk.crv, x: &jwk.x, y: &jwk.y };
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let request = proof::Request { method, url, token: bearer, now };
+        let verified = proof::verify(proof_header.unwrap_or_default(), key, request).map_err(|e| refused(Some(e)))?;
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).claim(&verified.jti, now).map_err(|e| refused(Some(e)))?;
+        Ok(token)
+    }
+}
+
+fn refused(why: Option<ProofError>) -> ApiError {
+    // The reason goes to the log only.
+    tracing::info!(
+        reason = why.map(|w| w.to_string()).unwrap_or_else(|| "unknown token".into()),
+        "session token refused"
+    );
+    ApiError::new(ErrorCode::TokenInvalid, "the session token or its proof is not valid")
+}
