@@ -40,9 +40,43 @@ impl GatewayProcess {
         Self::start_with(cp, output_dir, &[])
     }
 
+    /// `n` replicas that know each other (a proof's jti is claimed once
+    /// across them, over their peer ports); the first logs to
+    /// `gateway.log`, the others to `gateway-<i>.log`.
+    pub fn start_replicas(cp: &ControlPlane, output_dir: &std::path::Path, n: usize) -> Result<Vec<Self>> {
+        let peer_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let api_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let peers = peer_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+        // Their public URL (what proofs name) is the first one's, as if a
+        // load balancer stood there.
+        let public = format!("https://127.0.0.1:{}", api_ports[0]);
+        let mut replicas = Vec::new();
+        for (i, (peer, api)) in peer_ports.iter().zip(&api_ports).enumerate() {
+            let me = format!("127.0.0.1:{peer}");
+            let env = [
+                ("HANGAR_GATEWAY_PEER_LISTEN", me.as_str()),
+                ("HANGAR_GATEWAY_PEER_SELF", me.as_str()),
+                ("HANGAR_GATEWAY_PEERS", peers.as_str()),
+                ("HANGAR_GATEWAY_PUBLIC_URL", public.as_str()),
+            ];
+            let log = if i == 0 { "gateway.log".to_owned() } else { format!("gateway-{i}.log") };
+            replicas.push(Self::start_logged(cp, output_dir, &env, &log, *api)?);
+        }
+        Ok(replicas)
+    }
+
     /// With more environment (a benchmark lifts the per-caller rate).
     pub fn start_with(cp: &ControlPlane, output_dir: &std::path::Path, env: &[(&str, &str)]) -> Result<Self> {
-        let port = free_port();
+        Self::start_logged(cp, output_dir, env, "gateway.log", free_port())
+    }
+
+    fn start_logged(
+        cp: &ControlPlane,
+        output_dir: &std::path::Path,
+        env: &[(&str, &str)],
+        log: &str,
+        port: u16,
+    ) -> Result<Self> {
         let admin_port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-gateway"));
         cmd.env("KUBECONFIG", &cp.kubeconfig)
@@ -54,7 +88,7 @@ impl GatewayProcess {
             .env("HANGAR_OUTPUT_STORE", output_dir)
             .env("RUST_LOG", "info");
         cmd.envs(env.iter().copied());
-        let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join("gateway.log"))?;
+        let mut process = ChildProcess::spawn("hangar-gateway", cmd, &cp.dir().join(log))?;
         // It waits for the operator's output key-encryption key before it
         // listens.
         wait_until("hangar-gateway /readyz", &mut process, Duration::from_secs(60), || {
@@ -68,11 +102,24 @@ impl GatewayProcess {
 pub struct GatewayClient {
     http: reqwest::Client,
     base: String,
+    /// The public URL proofs name (the first replica's).
+    proof_base: String,
 }
 
 impl GatewayClient {
     pub fn new(cp: &ControlPlane, port: u16) -> Self {
-        Self { http: https_client(cp, None), base: format!("https://127.0.0.1:{port}") }
+        let base = format!("https://127.0.0.1:{port}");
+        Self { http: https_client(cp, None), proof_base: base.clone(), base }
+    }
+
+    /// A client of replica `port` whose proofs name `public_port` (the
+    /// replicas' shared public URL).
+    pub fn of_replica(cp: &ControlPlane, port: u16, public_port: u16) -> Self {
+        Self {
+            http: https_client(cp, None),
+            base: format!("https://127.0.0.1:{port}"),
+            proof_base: format!("https://127.0.0.1:{public_port}"),
+        }
     }
 
     pub async fn call(
@@ -83,6 +130,19 @@ impl GatewayClient {
         body: Option<&Value>,
         headers: &[(&str, &str)],
     ) -> (u16, Value) {
+        self.try_call(method, path, token, body, headers).await.expect("gateway request")
+    }
+
+    /// The same; `Err` when the connection ends without an answer (a
+    /// server may close one whose body it refused before reading it all).
+    pub async fn try_call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, Value), reqwest::Error> {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(t) = token {
@@ -94,20 +154,20 @@ impl GatewayClient {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.expect("gateway request");
+        let resp = req.send().await?;
         let status = resp.status().as_u16();
-        let text = resp.text().await.expect("body");
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        let text = resp.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
 
-    /// The base URL proofs name in `htu` (`https://127.0.0.1:<port>`).
+    /// The base URL proofs name in `htu`.
     pub fn base(&self) -> &str {
-        &self.base
+        &self.proof_base
     }
 
     /// A request with session token `creds` and a fresh proof for it.
     pub async fn as_token(&self, creds: &TokenCreds, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let proof = creds.proof(method, &format!("{}{path}", self.base));
+        let proof = creds.proof(method, &format!("{}{path}", self.proof_base));
         self.call(method, path, Some(&creds.token), body, &[("Hangar-Proof", &proof)]).await
     }
 

@@ -18,6 +18,8 @@ pub struct LocalStack {
     pub sim: NodeSimulator,
     operator: Mutex<OperatorProcess>,
     pub gateway: GatewayProcess,
+    /// A second gateway replica, peer of the first.
+    pub gateway_replica: GatewayProcess,
     pub webhook: WebhookProcess,
     pub moto: Moto,
     pub cp: ControlPlane,
@@ -48,7 +50,8 @@ impl LocalStack {
         webhook.register(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let operator = OperatorProcess::start(&cp, &moto.endpoint(), &env)?;
-        let gateway = GatewayProcess::start(&cp, &cp.dir().join("output"))?;
+        let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();
+        let (gateway, gateway_replica) = (replicas.next().expect("replica 0"), replicas.next().expect("replica 1"));
         let sim = NodeSimulator::start(SimConfig {
             ec2_endpoint: moto.endpoint(),
             kubeconfig: cp.kubeconfig.clone(),
@@ -62,7 +65,7 @@ impl LocalStack {
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
-        Ok(Self { sim, operator: Mutex::new(operator), gateway, webhook, moto, cp })
+        Ok(Self { sim, operator: Mutex::new(operator), gateway, gateway_replica, webhook, moto, cp })
     }
 
     /// The output store the simulated workers write to.
@@ -75,12 +78,18 @@ impl LocalStack {
         GatewayClient::new(&self.cp, self.gateway.port)
     }
 
+    /// An HTTPS client for the second gateway replica.
+    pub fn gateway_replica_client(&self) -> GatewayClient {
+        GatewayClient::of_replica(&self.cp, self.gateway_replica.port, self.gateway.port)
+    }
+
     /// `Err` naming the first part of the stack whose process has exited,
     /// with its log tail.
     pub fn check_alive(&mut self) -> Result<()> {
         self.moto.check_alive()?;
         self.webhook.check_alive()?;
         self.gateway.check_alive()?;
+        self.gateway_replica.check_alive()?;
         self.operator.get_mut().unwrap_or_else(|p| p.into_inner()).check_alive()?;
         self.cp.check_alive()
     }

@@ -94,7 +94,7 @@ async fn no_key_or_token_reaches_any_log() {
     let mut logs = Vec::new();
     logs_under(stack.cp.dir(), &mut logs);
     let names: Vec<&str> = logs.iter().map(|(p, _)| p.rsplit('/').next().unwrap_or_default()).collect();
-    for part in ["operator.log", "webhook.log", "gateway.log", "moto.log", "kube-apiserver.log"] {
+    for part in ["operator.log", "webhook.log", "gateway.log", "gateway-1.log", "moto.log", "kube-apiserver.log"] {
         assert!(names.contains(&part), "{part} searched: {names:?}");
     }
     assert!(names.iter().any(|n| n.starts_with("worker-")) && names.iter().any(|n| n.starts_with("supervisor-")));

@@ -84,11 +84,14 @@ async fn a_token_is_minted_once_kept_as_a_digest_and_revoked_for_good() {
     let err = api.patch_status("agent", &PatchParams::default(), &Patch::Merge(&swap)).await.unwrap_err();
     assert!(err.to_string().contains("digest is written once"), "{err}");
 
-    // A token for a session that does not exist is never minted.
-    api.create(&PostParams::default(), &token("orphan", "nope", &["read"])).await.unwrap();
-    let orphan = wait_token(&api, "orphan", "revoked", |t| phase(t) == Some(TokenPhase::Revoked)).await;
-    let os = orphan.status.unwrap();
-    assert_eq!((os.reason.as_deref(), os.digest), (Some("sandbox_not_found"), None));
+    // A token for a session that does not exist is refused at admission.
+    let err = api.create(&PostParams::default(), &token("orphan", "nope", &["read"])).await.unwrap_err();
+    assert!(err.to_string().contains("sandbox_not_found: no Sandbox nope"), "{err}");
+    // So is a key that is not a P-256 point.
+    let mut bad_key = token("bad-key", "box", &["read"]);
+    bad_key.spec.public_key.y = bad_key.spec.public_key.x.clone();
+    let err = api.create(&PostParams::default(), &bad_key).await.unwrap_err();
+    assert!(err.to_string().contains("sandbox_request_invalid: publicKey must be a P-256"), "{err}");
 
     // At the session's end every token is revoked but a read-only one.
     api.create(&PostParams::default(), &token("reader", "box", &["read"])).await.unwrap();

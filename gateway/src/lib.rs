@@ -7,7 +7,8 @@
 //! - `commands`: send (with `Idempotency-Key`), list, cancel;
 //! - `output`: the output keys and reads by byte offset with long-poll;
 //! - `session_tokens`: session tokens (`hgt_…`) with their proof of
-//!   possession; `acting`: writes made as the caller (impersonation);
+//!   possession, and `replay`: a proof's `jti` used once across replicas;
+//!   `acting`: writes made as the caller (impersonation);
 //! - `sessions`: start a session, templates; `tokens`: mint and revoke;
 //! - `routes`: the route table; `openapi`: its document; `error`: the
 //!   contract's error shape.
@@ -19,6 +20,7 @@ pub mod error;
 pub mod index;
 pub mod openapi;
 pub mod output;
+pub mod replay;
 pub mod routes;
 pub mod session_tokens;
 pub mod sessions;

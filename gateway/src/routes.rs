@@ -221,10 +221,15 @@ fn request_url(gw: &Gateway, headers: &HeaderMap, uri: &Uri) -> String {
 }
 
 /// A session token and its proof, or `token_invalid`.
-fn token_caller(gw: &Gateway, headers: &HeaderMap, method: &Method, uri: &Uri) -> Result<Arc<SessionToken>, ApiError> {
+async fn token_caller(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    method: &Method,
+    uri: &Uri,
+) -> Result<Arc<SessionToken>, ApiError> {
     let bearer = bearer(headers)?;
     let proof = headers.get(PROOF_HEADER).and_then(|v| v.to_str().ok());
-    let token = gw.tokens.authenticate(bearer, proof, method.as_str(), &request_url(gw, headers, uri))?;
+    let token = gw.tokens.authenticate(bearer, proof, method.as_str(), &request_url(gw, headers, uri)).await?;
     gw.auth.admit_key(&Acting::token(&token).user)?;
     Ok(token)
 }
@@ -246,7 +251,7 @@ async fn authorised(
     act: Act,
 ) -> Result<Authorised, ApiError> {
     if bearer(headers)?.starts_with(hangar_keys::token::PREFIX) {
-        let token = token_caller(gw, headers, method, uri)?;
+        let token = token_caller(gw, headers, method, uri).await?;
         let session = gw
             .index
             .session(id)
@@ -472,7 +477,7 @@ async fn token_lifecycle(
     if !bearer(&headers)?.starts_with(hangar_keys::token::PREFIX) {
         return Err(ApiError::new(ErrorCode::TokenInvalid, "this route takes a session token"));
     }
-    let token = token_caller(&gw, &headers, &m, &u)?;
+    let token = token_caller(&gw, &headers, &m, &u).await?;
     let sid = token.status.as_ref().and_then(|s| s.session_id.clone()).unwrap_or_default();
     let session =
         gw.index.session(&sid).ok_or_else(|| ApiError::new(ErrorCode::TokenInvalid, "the token's session is gone"))?;

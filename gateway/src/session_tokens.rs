@@ -3,7 +3,7 @@
 //! The token is found by its SHA-384 digest (the only thing stored of it)
 //! in a watch of SessionTokens; the proof is checked against the token's
 //! public key and this request (`hangar_keys::proof`), and its `jti` is
-//! claimed in a window of seen ones. Whether the token may do the act is
+//! claimed once across the replicas (`replay`). Whether the token may do the act is
 //! `hangar_core::tokens::scope::decide` — the admission webhook's decision
 //! too, for the write the gateway then makes as the token's identity.
 //!
@@ -15,28 +15,28 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use hangar_crds::{ErrorCode, SessionToken};
-use hangar_keys::proof::{self, ProofError, PublicKey, ReplayWindow};
+use hangar_keys::proof::{self, ProofError, PublicKey};
 use hangar_runtime::kube_ext::log_watch_errors;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::error::ApiError;
-
-/// Proofs remembered at once (a `jti` lives two minutes); past this a new
-/// proof is refused rather than a live one forgotten.
-const REPLAY_CAPACITY: usize = 1_000_000;
+use crate::replay::ReplayGuard;
 
 pub struct SessionTokens {
     pub store: Store<SessionToken>,
     by_digest: Arc<Mutex<HashMap<String, ObjectRef<SessionToken>>>>,
-    seen: Mutex<ReplayWindow>,
+    replay: Arc<ReplayGuard>,
 }
 
 impl SessionTokens {
     /// Starts the watch (and the digest index beside it) and waits for its
     /// first list.
-    pub async fn start(client: kube::Client) -> Result<Self, reflector::store::WriterDropped> {
+    pub async fn start(
+        client: kube::Client,
+        replay: Arc<ReplayGuard>,
+    ) -> Result<Self, reflector::store::WriterDropped> {
         let (store, writer) = reflector::store();
         let by_digest: Arc<Mutex<HashMap<String, ObjectRef<SessionToken>>>> = Arc::default();
         let index = by_digest.clone();
@@ -55,7 +55,7 @@ impl SessionTokens {
             log(event.map(|_| ()))
         }));
         store.wait_until_ready().await?;
-        Ok(Self { store, by_digest, seen: Mutex::new(ReplayWindow::new(REPLAY_CAPACITY)) })
+        Ok(Self { store, by_digest, replay })
     }
 
     /// Whether the watch has delivered a token with `digest`.
@@ -64,7 +64,7 @@ impl SessionTokens {
     }
 
     /// The token for this bearer and proof, or `token_invalid`.
-    pub fn authenticate(
+    pub async fn authenticate(
         &self,
         bearer: &str,
         proof_header: Option<&str>,
@@ -84,7 +84,9 @@ impl SessionTokens {
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         let request = proof::Request { method, url, token: bearer, now };
         let verified = proof::verify(proof_header.unwrap_or_default(), key, request).map_err(|e| refused(Some(e)))?;
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).claim(&verified.jti, now).map_err(|e| refused(Some(e)))?;
+        if !self.replay.claim(&verified.jti, now).await? {
+            return Err(refused(Some(ProofError::Replayed)));
+        }
         Ok(token)
     }
 }

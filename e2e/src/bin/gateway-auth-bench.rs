@@ -6,7 +6,11 @@
 //! - a known token: `GET /v1/sandboxes/{id}`, its TokenReview and
 //!   SubjectAccessReview answers cached;
 //! - a new token: the first request of each of 30 members (a TokenReview
-//!   and a SubjectAccessReview on the way).
+//!   and a SubjectAccessReview on the way);
+//! - a session token: `GET /v1/sandboxes/{id}` with `hgt_…` and a fresh
+//!   `Hangar-Proof` each time (made before the clock starts);
+//! - in process: the token's digest and the proof's verification alone
+//!   (`hangar_keys`), what each session-token request pays on top.
 //!
 //! Prints p50 and p99 of each and the overhead over no auth.
 //! `gateway-auth-bench [REQUESTS]` (default 500).
@@ -71,7 +75,7 @@ async fn run(cp: &ControlPlane, gateway: &GatewayProcess, requests: usize) {
     let s = boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
     let sid = s.uid().unwrap();
     let gw = GatewayClient::new(cp, gateway.port);
-    let member = member_token(cp, NS, "dev", "get,list");
+    let member = member_token(cp, NS, "dev", "get,list,create");
     gw.wait_known(&sid, &member).await;
     let fresh: Vec<String> = (0..NEW_TOKENS).map(|i| member_token(cp, NS, &format!("m{i}"), "get")).collect();
     let path = format!("/v1/sandboxes/{sid}");
@@ -82,6 +86,16 @@ async fn run(cp: &ControlPlane, gateway: &GatewayProcess, requests: usize) {
     }
     let none = timed(requests, async || gw.call("GET", "/healthz", None, None, &[]).await.0).await;
     let cached = timed(requests, async || gw.get(&path, &member).await.0).await;
+    let creds = hangar_e2e::gateway::mint_token(&gw, &member, &sid, "bench", &["read"], 3600).await;
+    let url = format!("{}{path}", gw.base());
+    let proofs: Vec<String> = (0..requests).map(|_| creds.proof("GET", &url)).collect();
+    let mut next = proofs.iter();
+    let session_token = timed(requests, async || {
+        let proof = next.next().expect("a proof per request");
+        gw.call("GET", &path, Some(&creds.token), None, &[("Hangar-Proof", proof)]).await.0
+    })
+    .await;
+    let in_process = verify_in_process(requests * 4);
     let mut new = Vec::new();
     for token in &fresh {
         let t = Instant::now();
@@ -100,6 +114,8 @@ async fn run(cp: &ControlPlane, gateway: &GatewayProcess, requests: usize) {
         ("GET /healthz, no auth", &none),
         ("GET a session, known token (answers cached)", &cached),
         ("GET a session, new token (TokenReview + SubjectAccessReview)", &new),
+        ("GET a session, session token + Hangar-Proof", &session_token),
+        ("in process: token digest + proof verification (no request)", &in_process),
     ] {
         let p50 = pct(v.clone(), 0.5);
         println!(
@@ -110,4 +126,28 @@ async fn run(cp: &ControlPlane, gateway: &GatewayProcess, requests: usize) {
             ms(p50.saturating_sub(base))
         );
     }
+}
+
+/// The digest of the token and the verification of a proof, as the
+/// gateway does for each session-token request (microseconds each).
+fn verify_in_process(n: usize) -> Vec<u64> {
+    use hangar_keys::proof::{self, PublicKey, Signer};
+    let signer = Signer::generate();
+    let (x, y) = signer.jwk_xy();
+    let token = "hgt_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let url = "https://gw.example/v1/sandboxes/s/commands";
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let proofs: Vec<String> = (0..n).map(|i| signer.proof("POST", url, token, now, &format!("j{i}"))).collect();
+    let mut window = proof::ReplayWindow::new(n + 1);
+    proofs
+        .iter()
+        .map(|p| {
+            let t = Instant::now();
+            let _digest = hangar_keys::token::digest(token);
+            let key = PublicKey { kty: "EC", crv: "P-256", x: &x, y: &y };
+            let v = proof::verify(p, key, proof::Request { method: "POST", url, token, now }).expect("valid");
+            window.claim(&v.jti, now).expect("fresh");
+            t.elapsed().as_micros() as u64
+        })
+        .collect()
 }

@@ -12,6 +12,7 @@ use hangar_crds::output_keys;
 use hangar_gateway::auth::Auth;
 use hangar_gateway::index::Index;
 use hangar_gateway::output::OutputReader;
+use hangar_gateway::replay::{Members, ReplayGuard};
 use hangar_gateway::routes::{self, Gateway};
 use hangar_output::{OrgKey, OutputStore};
 use hangar_runtime::admin;
@@ -65,6 +66,19 @@ struct Settings {
     /// in `htu`; empty: the request's own Host.
     #[arg(long, env = "HANGAR_GATEWAY_PUBLIC_URL", default_value = "")]
     public_url: String,
+    /// The peer port (plain HTTP, HMAC-authenticated): where replicas ask
+    /// each other whether a proof's jti was seen. Unset: this replica alone.
+    #[arg(long, env = "HANGAR_GATEWAY_PEER_LISTEN")]
+    peer_listen: Option<SocketAddr>,
+    /// This replica's peer address as the members list it (host:port).
+    #[arg(long, env = "HANGAR_GATEWAY_PEER_SELF", default_value = "")]
+    peer_self: String,
+    /// The members, fixed (comma-separated host:port, this one included) ...
+    #[arg(long, env = "HANGAR_GATEWAY_PEERS", value_delimiter = ',', default_value = "")]
+    peers: Vec<String>,
+    /// ... or a DNS name:port resolving to every replica (a headless Service).
+    #[arg(long, env = "HANGAR_GATEWAY_PEER_DNS", default_value = "")]
+    peer_dns: String,
     /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
     #[arg(long, env = "HANGAR_GATEWAY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
@@ -97,7 +111,8 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     registry.register("token_reviews", "TokenReviews sent to the apiserver", auth.token_reviews.clone());
     let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
-    let kek = output_kek(&secrets).await?;
+    let kek_bytes = output_kek(&secrets).await?;
+    let kek = OrgKey::from_bytes(&kek_bytes)?;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &settings.system_namespace);
     let store = OutputStore::from_url(
         &settings.output_store,
@@ -105,7 +120,22 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
         settings.output_s3_endpoint.as_deref(),
     )?;
     let index = Index::start(client.clone()).await?;
-    let tokens = hangar_gateway::session_tokens::SessionTokens::start(client.clone()).await?;
+    let replay = match settings.peer_listen {
+        None => Arc::new(ReplayGuard::alone()),
+        Some(addr) => {
+            let members = match settings.peers.iter().filter(|p| !p.is_empty()).cloned().collect::<Vec<_>>() {
+                fixed if !fixed.is_empty() => Members::Fixed(fixed),
+                _ => Members::Dns(settings.peer_dns.clone()),
+            };
+            let guard = Arc::new(ReplayGuard::with_peers(settings.peer_self.clone(), members, &kek_bytes));
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(addr = %listener.local_addr()?, "peer port serving");
+            let router = hangar_gateway::replay::peer_router(guard.clone());
+            tokio::spawn(async move { axum::serve(listener, router).await });
+            guard
+        }
+    };
+    let tokens = hangar_gateway::session_tokens::SessionTokens::start(client.clone(), replay).await?;
     let gw = Arc::new(Gateway {
         auth,
         index,
@@ -134,14 +164,14 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
 
 /// The output key-encryption key, which the operator creates: wait for
 /// it. (The only Secret the gateway may read.)
-async fn output_kek(secrets: &Api<Secret>) -> Result<OrgKey, Box<dyn std::error::Error>> {
+async fn output_kek(secrets: &Api<Secret>) -> Result<zeroize::Zeroizing<Vec<u8>>, Box<dyn std::error::Error>> {
     let name = output_keys::OUTPUT_KEK_SECRET;
     loop {
         match secrets.get_opt(name).await {
             Ok(Some(s)) => {
                 let bytes =
                     s.data.and_then(|d| d.get("key").cloned()).ok_or("the output key-encryption key is empty")?;
-                return Ok(OrgKey::from_bytes(&bytes.0)?);
+                return Ok(zeroize::Zeroizing::new(bytes.0));
             }
             Ok(None) => tracing::info!("waiting for the operator to create the output key-encryption key"),
             Err(e) => tracing::warn!(error = %e, "could not read the output key-encryption key yet; not serving"),
