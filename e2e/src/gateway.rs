@@ -161,7 +161,7 @@ impl GatewayClient {
     }
 
     /// The base URL proofs name in `htu`.
-    pub fn base(&self) -> &str {
+    pub fn proof_base(&self) -> &str {
         &self.proof_base
     }
 

@@ -167,7 +167,7 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
     assert!(table.contains("system:serviceaccount:tok-api:owner"), "{table}");
 
     // The hostile cases. Proofs are made by hand where the case needs it.
-    let url = |path: &str| format!("{}{path}", gw.base());
+    let url = |path: &str| format!("{}{path}", gw.proof_base());
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let cmd_path = format!("{base}/commands");
     let send = |creds: &TokenCreds, proof: String| {

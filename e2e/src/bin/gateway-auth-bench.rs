@@ -87,7 +87,7 @@ async fn run(cp: &ControlPlane, gateway: &GatewayProcess, requests: usize) {
     let none = timed(requests, async || gw.call("GET", "/healthz", None, None, &[]).await.0).await;
     let cached = timed(requests, async || gw.get(&path, &member).await.0).await;
     let creds = hangar_e2e::gateway::mint_token(&gw, &member, &sid, "bench", &["read"], 3600).await;
-    let url = format!("{}{path}", gw.base());
+    let url = format!("{}{path}", gw.proof_base());
     let proofs: Vec<String> = (0..requests).map(|_| creds.proof("GET", &url)).collect();
     let mut next = proofs.iter();
     let session_token = timed(requests, async || {
