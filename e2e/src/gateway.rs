@@ -237,11 +237,16 @@ pub async fn mint_token(
 /// An HTTPS client that trusts only the local CA and presents `identity`
 /// (certificate and key, PEM) when given.
 pub fn https_client(cp: &ControlPlane, identity: Option<(&[u8], &[u8])>) -> reqwest::Client {
+    https_client_trusting(&cp.pki.ca_pem, identity)
+}
+
+/// An HTTPS client that trusts only the CAs in `ca_pem`.
+pub fn https_client_trusting(ca_pem: &str, identity: Option<(&[u8], &[u8])>) -> reqwest::Client {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     crate::install_crypto_provider();
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(cp.pki.ca_pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.expect("CA pem")).expect("CA cert");
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -47,7 +47,6 @@ impl LocalStack {
         }
         apply_chart_parts(&cp, &CHART_IDENTITIES_AND_POLICIES)?;
         let webhook = WebhookProcess::start(&cp)?;
-        webhook.register(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let operator = OperatorProcess::start(&cp, &moto.endpoint(), &env)?;
         let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();

@@ -14,7 +14,7 @@ use hangar_core::commands::ledger;
 use hangar_crds::Phase;
 use hangar_crds::{Command, CommandPhase, Sandbox};
 use hangar_e2e::commands::{self as cmds, sh, wait_command_phase};
-use hangar_e2e::gateway::{https_client, member_token};
+use hangar_e2e::gateway::{https_client_trusting, member_token};
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
 use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
 use hangar_e2e::shared_stack;
@@ -198,6 +198,10 @@ async fn the_webhook_takes_reviews_only_from_the_apiserver() {
                        "spec": {"sandbox": "box", "argv": ["true"]}},
         }
     });
+    // Clients that trust the webhook's own certificate (made by it, its CA
+    // in the configuration), so only the client certificate decides.
+    let trusted = stack.webhook.ca_bundle(&stack.cp).await;
+    let https_client = |_: &hangar_e2e::ControlPlane, identity| https_client_trusting(&trusted, identity);
     // Any pod on the network: no client certificate.
     let anyone = https_client(&stack.cp, None);
     let r = anyone.post(&url).json(&review).send().await;

@@ -53,6 +53,25 @@ pub fn server_config_with_clients(
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let certs = pem_certs(cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(pem(key))?;
+    let mut config = builder(client_ca)?.with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// As [`server_config_with_clients`], serving whatever certificate
+/// `resolver` holds at each handshake (one rotated in place).
+pub fn server_config_with_resolver(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = builder(client_ca)?.with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn builder(
+    client_ca: Option<&Path>,
+) -> Result<rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
     let builder = match client_ca {
@@ -68,9 +87,7 @@ pub fn server_config_with_clients(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(certs, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(builder)
 }
 
 fn pem(p: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + '_ {

@@ -8,6 +8,8 @@
 //! - `https`: the TLS server every credential-carrying listener uses
 //!   (handshake timeout, connection cap, request-body limit, graceful
 //!   shutdown)
+//! - `serving_cert`: a serving certificate made, trusted (webhook CA
+//!   bundles) and rotated by the server itself, or reloaded from files
 //! - `retry`: waiting for a dependency that is not answering yet, with
 //!   backoff, instead of exiting
 //! - `leader`: leader election on a Lease (kube-lease-manager)
@@ -22,4 +24,5 @@ pub mod json_document;
 pub mod kube_ext;
 pub mod leader;
 pub mod retry;
+pub mod serving_cert;
 pub mod telemetry;

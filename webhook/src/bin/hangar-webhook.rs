@@ -16,10 +16,18 @@ use tracing::Instrument;
 
 use hangar_runtime::admin::{self, HttpMetrics};
 use hangar_runtime::https::{self, Body, RequestBody};
+use hangar_runtime::serving_cert;
 use hangar_webhook::metrics::AdmissionMetrics;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum CertificateSource {
+    #[value(name = "self")]
+    SelfManaged,
+    Files,
+}
 
 #[derive(Parser, Debug)]
 #[command(version, about = "hangar admission webhook")]
@@ -27,12 +35,36 @@ struct Settings {
     /// Address to serve HTTPS on.
     #[arg(long, env = "HANGAR_WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
-    /// PEM certificate chain of the serving certificate.
+    /// Where the serving certificate comes from: `self` (made at start-up,
+    /// kept in a Secret, its CA written into the webhook configurations,
+    /// rotated before expiry) or `files` (`--tls-cert`/`--tls-key`, e.g.
+    /// cert-manager's Secret mounted; reloaded when they change).
+    #[arg(long, env = "HANGAR_WEBHOOK_CERTIFICATE", default_value = "files")]
+    certificate: CertificateSource,
+    /// PEM certificate chain of the serving certificate (`files`).
     #[arg(long, env = "HANGAR_WEBHOOK_TLS_CERT", default_value = "/etc/hangar/webhook-tls/tls.crt")]
     tls_cert: PathBuf,
-    /// PEM private key of the serving certificate.
+    /// PEM private key of the serving certificate (`files`).
     #[arg(long, env = "HANGAR_WEBHOOK_TLS_KEY", default_value = "/etc/hangar/webhook-tls/tls.key")]
     tls_key: PathBuf,
+    /// `self`: the Secret (in the system namespace) holding the certificate.
+    #[arg(long, env = "HANGAR_WEBHOOK_CERT_SECRET", default_value = "hangar-webhook-tls")]
+    cert_secret: String,
+    /// `self`: the names (DNS or IP) the certificate is for.
+    #[arg(long, env = "HANGAR_WEBHOOK_CERT_NAMES", value_delimiter = ',', default_value = "")]
+    cert_names: Vec<String>,
+    /// `self`: the ValidatingWebhookConfigurations whose caBundle is kept.
+    #[arg(long, env = "HANGAR_WEBHOOK_CONFIGURATIONS", value_delimiter = ',', default_value = "")]
+    webhook_configurations: Vec<String>,
+    /// `self`: how long a certificate is valid, and how long before its end
+    /// it is replaced.
+    #[arg(long, env = "HANGAR_WEBHOOK_CERT_VALIDITY_SECONDS", default_value_t = 90 * 86400)]
+    cert_validity_seconds: u64,
+    #[arg(long, env = "HANGAR_WEBHOOK_CERT_RENEW_BEFORE_SECONDS", default_value_t = 30 * 86400)]
+    cert_renew_before_seconds: u64,
+    /// How often the certificate is checked (either source).
+    #[arg(long, env = "HANGAR_WEBHOOK_CERT_CHECK_SECONDS", default_value_t = 60)]
+    cert_check_seconds: u64,
     /// PEM CA that issued the apiserver's admission client certificate:
     /// when set, only a client presenting one may send reviews (anything
     /// else that can reach the port is refused at the handshake).
@@ -70,8 +102,30 @@ async fn main() -> ExitCode {
 
 async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let client = kube::Client::try_default().await?;
-    let config =
-        https::server_config_with_clients(&settings.tls_cert, &settings.tls_key, settings.client_ca.as_deref())?;
+    let check_every = std::time::Duration::from_secs(settings.cert_check_seconds);
+    let resolver = match settings.certificate {
+        CertificateSource::Files => {
+            serving_cert::start_from_files(settings.tls_cert.clone(), settings.tls_key.clone(), check_every)?
+        }
+        CertificateSource::SelfManaged => {
+            let spec = serving_cert::SelfManaged {
+                namespace: settings.system_namespace.clone(),
+                secret: settings.cert_secret.clone(),
+                names: settings.cert_names.iter().filter(|n| !n.is_empty()).cloned().collect(),
+                validity: std::time::Duration::from_secs(settings.cert_validity_seconds),
+                renew_before: std::time::Duration::from_secs(settings.cert_renew_before_seconds),
+                webhook_configurations: settings
+                    .webhook_configurations
+                    .iter()
+                    .filter(|n| !n.is_empty())
+                    .cloned()
+                    .collect(),
+                check_every,
+            };
+            serving_cert::start_self_managed(client.clone(), spec).await?
+        }
+    };
+    let config = https::server_config_with_resolver(resolver, settings.client_ca.as_deref())?;
     if settings.client_ca.is_none() {
         tracing::warn!("no client CA: any client that reaches the port can send reviews (rely on a NetworkPolicy)");
     }
