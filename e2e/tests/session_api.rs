@@ -618,14 +618,28 @@ async fn a_tokens_end_cancels_the_commands_it_queued_and_its_running_one_finishe
     assert_eq!(status, 201);
     let mine = mine["id"].as_str().unwrap().to_owned();
 
+    // The token cancels one of its own through the gateway (exec), and lists
+    // the session's commands (read).
+    let (status, cancelled) = gw.as_token(&exec, "POST", &format!("{base}/commands/{}/cancel", queued[0]), None).await;
+    assert_eq!(status, 200, "{cancelled}");
+    let c =
+        wait_command(&commands, &queued[0], "cancelled", |c| command_phase(c) == Some(CommandPhase::Cancelled)).await;
+    assert_eq!(c.status.unwrap().reason.as_deref(), Some("cancelled before it ran"));
+    let (status, list) = gw.as_token(&exec, "GET", &format!("{base}/commands"), None).await;
+    assert_eq!(status, 200);
+    assert!(list["commands"].as_array().unwrap().len() >= 5, "{list}");
+    let queued: Vec<String> = queued[1..].to_vec();
+
     let (status, _) = gw.call("DELETE", &format!("{base}/tokens/runner"), Some(&owner), None, &[]).await;
     assert_eq!(status, 200);
     for q in &queued {
         let c = wait_command(&commands, q, "cancelled", |c| command_phase(c) == Some(CommandPhase::Cancelled)).await;
         assert_eq!(c.status.unwrap().reason.as_deref(), Some("the session token that sent it ended before it ran"));
     }
-    let (status, _) = gw.call("POST", &format!("{base}/resume"), Some(&owner), None, &[]).await;
-    assert_eq!(status, 202);
+    // A control token resumes through the session's own route.
+    let pilot = mint_token(&gw, &owner, &sid, "pilot", &["control"], 600).await;
+    let (status, resumed) = gw.as_token(&pilot, "POST", &format!("{base}/resume"), None).await;
+    assert_eq!(status, 202, "{resumed}");
     sessions::wait_phase(stack, &boxes, "box", Phase::Running).await;
     let ran = wait_command(&commands, &mine, "exited", |c| command_phase(c) == Some(CommandPhase::Exited)).await;
     assert_eq!(ran.status.unwrap().exit_code, Some(0));

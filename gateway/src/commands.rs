@@ -171,6 +171,27 @@ mod tests {
         assert_eq!(ok.timeout_seconds, Some(5));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 1000, ..Default::default() })]
+
+        /// Any body: a command or 400 `bad_request`, never a panic.
+        #[test]
+        fn any_body_is_a_command_or_a_400(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            if let Err(e) = parse(&body) {
+                proptest::prop_assert_eq!((e.status, e.code), (400, "bad_request"));
+            }
+        }
+
+        #[test]
+        fn any_argv_and_fields_are_a_command_or_a_400(argv in proptest::collection::vec(".{0,10}", 0..4),
+                                                     extra in "[a-zA-Z]{1,10}", t in proptest::prelude::any::<i64>()) {
+            let body = json!({"argv": argv, "timeoutSeconds": t, extra: true});
+            if let Err(e) = parse(&serde_json::to_vec(&body).unwrap()) {
+                proptest::prop_assert_eq!((e.status, e.code), (400, "bad_request"));
+            }
+        }
+    }
+
     #[test]
     fn one_key_one_name_per_session_and_caller() {
         let (a, _) = name_for_key("s1", "alice", "k");

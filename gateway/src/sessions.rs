@@ -33,6 +33,11 @@ struct StartRequest {
     spec: Map<String, Value>,
 }
 
+struct Started {
+    namespace: String,
+    name: Option<String>,
+}
+
 /// The session as the API has it now (the cache may be a moment behind a
 /// change the caller just made).
 pub async fn current(gw: &Gateway, session: &Sandbox) -> Result<Sandbox, ApiError> {
@@ -56,20 +61,27 @@ fn spec_fields() -> Vec<String> {
     spec.and_then(|s| s.properties.as_ref()).map(|p| p.keys().cloned().collect()).unwrap_or_default()
 }
 
-pub async fn start(
-    gw: &Gateway,
-    caller: &Caller,
-    body: &[u8],
-    key: Option<&str>,
-) -> Result<(StatusCode, Value), ApiError> {
+/// A start request: (namespace, name, spec), or why it is not one (400).
+pub fn parse_start(body: &[u8]) -> Result<(String, Option<String>, SandboxSpec), ApiError> {
     let req: StartRequest =
         serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body: {e}")))?;
     let known = spec_fields();
     if let Some(unknown) = req.spec.keys().find(|k| !known.contains(k)) {
         return Err(ApiError::new(ErrorCode::BadRequest, format!("{unknown} is not a field of a session")));
     }
-    let spec: SandboxSpec = serde_json::from_value(Value::Object(req.spec.clone()))
+    let spec: SandboxSpec = serde_json::from_value(Value::Object(req.spec))
         .map_err(|e| ApiError::new(ErrorCode::SandboxRequestInvalid, e.to_string()))?;
+    Ok((req.namespace, req.name, spec))
+}
+
+pub async fn start(
+    gw: &Gateway,
+    caller: &Caller,
+    body: &[u8],
+    key: Option<&str>,
+) -> Result<(StatusCode, Value), ApiError> {
+    let (namespace, name, spec) = parse_start(body)?;
+    let req = Started { namespace, name };
     let acting = Acting::member(caller, &gw.impersonable_groups);
     let reviewer = Caller { groups: acting.review_groups(caller), ..caller.clone() };
     gw.auth.authorize(&reviewer, &req.namespace, "create", "sandboxes").await?;
@@ -131,4 +143,48 @@ pub async fn templates(gw: &Gateway) -> Result<Vec<Value>, ApiError> {
             })
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_start_names_its_namespace_and_only_fields_of_a_session() {
+        let (ns, name, spec) =
+            parse_start(br#"{"namespace":"t","mode":"commands","image":"r/i@sha256:aa","tenant":"acme"}"#).unwrap();
+        assert_eq!((ns.as_str(), name, spec.tenant.as_deref()), ("t", None, Some("acme")));
+        assert_eq!(parse_start(br#"{"namespace":"t","colour":"red"}"#).unwrap_err().code, "bad_request");
+        assert_eq!(parse_start(br#"{"mode":"agent"}"#).unwrap_err().code, "bad_request", "no namespace");
+        assert_eq!(parse_start(br#"{"namespace":"t","mode":"sideways"}"#).unwrap_err().code, "sandbox_request_invalid");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        /// Any body: a start or a 400, never a panic.
+        #[test]
+        fn any_body_is_a_start_or_a_400(body in proptest::collection::vec(any::<u8>(), 0..400)) {
+            if let Err(e) = parse_start(&body) {
+                prop_assert_eq!(e.status, 400);
+            }
+        }
+
+        /// JSON objects of known and unknown fields with values of any type.
+        #[test]
+        fn any_object_is_a_start_or_a_400(
+            fields in proptest::collection::btree_map(
+                prop_oneof![Just("namespace".to_owned()), Just("mode".to_owned()), Just("image".to_owned()),
+                            Just("tenant".to_owned()), Just("stopAfterSeconds".to_owned()), "[a-z]{1,8}"],
+                prop_oneof![Just(json!(null)), any::<i64>().prop_map(|n| json!(n)), ".{0,20}".prop_map(|s| json!(s)),
+                            Just(json!(["x"])), Just(json!({"a": 1}))],
+                0..6)
+        ) {
+            let body = serde_json::to_vec(&fields).unwrap();
+            if let Err(e) = parse_start(&body) {
+                prop_assert_eq!(e.status, 400);
+            }
+        }
+    }
 }

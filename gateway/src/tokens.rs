@@ -44,9 +44,12 @@ pub fn view(t: &SessionToken) -> Value {
     })
 }
 
+fn parse_mint(body: &[u8]) -> Result<MintRequest, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body: {e}")))
+}
+
 pub async fn mint(gw: &Gateway, a: &Authorised, body: &[u8]) -> Result<(StatusCode, Value), ApiError> {
-    let req: MintRequest =
-        serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body: {e}")))?;
+    let req = parse_mint(body)?;
     let session = crate::sessions::current(gw, &a.session).await?;
     let ns = session.namespace().unwrap_or_default();
     let mut meta = ObjectMeta {
@@ -108,4 +111,32 @@ pub async fn revoke(gw: &Gateway, a: &Authorised, name: &str) -> Result<Value, A
     // Refused from now on, whatever the operator has recorded yet.
     v["phase"] = json!("revoked");
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        /// Any body: a mint request or 400 `bad_request`, never a panic.
+        #[test]
+        fn any_body_is_a_mint_or_a_400(body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Err(e) = parse_mint(&body) {
+                prop_assert_eq!((e.status, e.code), (400, "bad_request"));
+            }
+        }
+
+        #[test]
+        fn any_scopes_and_keys_are_a_mint_or_a_400(scopes in proptest::collection::vec("[a-z]{0,8}", 0..4),
+                                                  ttl in any::<i64>(), x in ".{0,50}") {
+            let body = json!({"scopes": scopes, "ttlSeconds": ttl,
+                              "publicKey": {"kty": "EC", "crv": "P-256", "x": x, "y": "y"}});
+            if let Err(e) = parse_mint(&serde_json::to_vec(&body).unwrap()) {
+                prop_assert_eq!((e.status, e.code), (400, "bad_request"));
+            }
+        }
+    }
 }
