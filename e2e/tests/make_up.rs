@@ -79,9 +79,21 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     );
 
     // Ctrl-C: hangar-up stops everything it started, then exits 0.
-    let names = ["etcd", "kube-apiserver", "moto_server", "hangar-webhook", "hangar-operator", "hangar-gateway"];
-    let pids: Vec<i32> = names.iter().flat_map(|name| children_named(up.id() as i32, name)).collect();
-    assert_eq!(pids.len(), names.len(), "expected one child each of {names:?}");
+    // Two gateway replicas (a proof's jti is claimed once across them).
+    let names = [
+        ("etcd", 1),
+        ("kube-apiserver", 1),
+        ("moto_server", 1),
+        ("hangar-webhook", 1),
+        ("hangar-operator", 1),
+        ("hangar-gateway", 2),
+    ];
+    let mut pids = Vec::new();
+    for (name, count) in names {
+        let found = children_named(up.id() as i32, name);
+        assert_eq!(found.len(), count, "expected {count} of {name}");
+        pids.extend(found);
+    }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {

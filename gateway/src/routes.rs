@@ -78,23 +78,17 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/sandboxes/{id}/commands", get(list_commands).post(send_command))
         .route("/v1/sandboxes/{id}/commands/{cid}/output", get(output))
         .route("/v1/sandboxes/{id}/commands/{cid}/cancel", post(cancel))
-        .route("/v1/sandboxes/{id}/pause", post(|s, p, m, u, h| lifecycle(s, p, m, u, h, requests::Request::Pause)))
-        .route("/v1/sandboxes/{id}/resume", post(|s, p, m, u, h| lifecycle(s, p, m, u, h, requests::Request::Resume)))
-        .route("/v1/sandboxes/{id}/stop", post(|s, p, m, u, h| lifecycle(s, p, m, u, h, requests::Request::Stop)))
-        .route(
-            "/v1/sandboxes/{id}/revoke-all",
-            post(|s, p, m, u, h| lifecycle(s, p, m, u, h, requests::Request::RevokeAll)),
-        )
+        .route("/v1/sandboxes/{id}/pause", post(|s, p, c| lifecycle(s, p, c, requests::Request::Pause)))
+        .route("/v1/sandboxes/{id}/resume", post(|s, p, c| lifecycle(s, p, c, requests::Request::Resume)))
+        .route("/v1/sandboxes/{id}/stop", post(|s, p, c| lifecycle(s, p, c, requests::Request::Stop)))
+        .route("/v1/sandboxes/{id}/revoke-all", post(|s, p, c| lifecycle(s, p, c, requests::Request::RevokeAll)))
         .route("/v1/sandboxes/{id}/tokens", post(mint_token))
         .route("/v1/sandboxes/{id}/tokens/{name}", delete(revoke_token))
         .route("/v1/sandboxes/{id}/snapshots", post(snapshot))
-        .route("/v1/sandbox-session/pause", post(|s, m, u, h| token_lifecycle(s, m, u, h, requests::Request::Pause)))
-        .route("/v1/sandbox-session/resume", post(|s, m, u, h| token_lifecycle(s, m, u, h, requests::Request::Resume)))
-        .route("/v1/sandbox-session/stop", post(|s, m, u, h| token_lifecycle(s, m, u, h, requests::Request::Stop)))
-        .route(
-            "/v1/sandbox-session/revoke-all",
-            post(|s, m, u, h| token_lifecycle(s, m, u, h, requests::Request::RevokeAll)),
-        )
+        .route("/v1/sandbox-session/pause", post(|s, c| token_lifecycle(s, c, requests::Request::Pause)))
+        .route("/v1/sandbox-session/resume", post(|s, c| token_lifecycle(s, c, requests::Request::Resume)))
+        .route("/v1/sandbox-session/stop", post(|s, c| token_lifecycle(s, c, requests::Request::Stop)))
+        .route("/v1/sandbox-session/revoke-all", post(|s, c| token_lifecycle(s, c, requests::Request::RevokeAll)))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -174,6 +168,22 @@ impl Act {
     }
 }
 
+/// What auth needs of a request: its method, URI (a proof names both)
+/// and headers.
+pub struct Call {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Call {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Call { method: parts.method.clone(), uri: parts.uri.clone(), headers: parts.headers.clone() })
+    }
+}
+
 /// Who is calling.
 pub enum Principal {
     Member(Caller),
@@ -221,15 +231,11 @@ fn request_url(gw: &Gateway, headers: &HeaderMap, uri: &Uri) -> String {
 }
 
 /// A session token and its proof, or `token_invalid`.
-async fn token_caller(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    method: &Method,
-    uri: &Uri,
-) -> Result<Arc<SessionToken>, ApiError> {
-    let bearer = bearer(headers)?;
-    let proof = headers.get(PROOF_HEADER).and_then(|v| v.to_str().ok());
-    let token = gw.tokens.authenticate(bearer, proof, method.as_str(), &request_url(gw, headers, uri)).await?;
+async fn token_caller(gw: &Gateway, call: &Call) -> Result<Arc<SessionToken>, ApiError> {
+    let bearer = bearer(&call.headers)?;
+    let proof = call.headers.get(PROOF_HEADER).and_then(|v| v.to_str().ok());
+    let url = request_url(gw, &call.headers, &call.uri);
+    let token = gw.tokens.authenticate(bearer, proof, call.method.as_str(), &url).await?;
     gw.auth.admit_key(&Acting::token(&token).user)?;
     Ok(token)
 }
@@ -242,16 +248,10 @@ async fn token_caller(
 /// nothing; `forbidden` is only for one who can see the session but not do
 /// this to it. A token: anything but its own session is
 /// `token_scope_forbidden`, whether or not the other exists.
-async fn authorised(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    method: &Method,
-    uri: &Uri,
-    id: &str,
-    act: Act,
-) -> Result<Authorised, ApiError> {
+async fn authorised(gw: &Gateway, call: &Call, id: &str, act: Act) -> Result<Authorised, ApiError> {
+    let headers = &call.headers;
     if bearer(headers)?.starts_with(hangar_keys::token::PREFIX) {
-        let token = token_caller(gw, headers, method, uri).await?;
+        let token = token_caller(gw, call).await?;
         let session = gw
             .index
             .session(id)
@@ -277,19 +277,13 @@ async fn authorised(
     Ok(Authorised { principal: Principal::Member(caller), session, acting })
 }
 
-async fn state(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, m: Method, u: Uri, headers: HeaderMap) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::State).await?;
+async fn state(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, call: Call) -> Reply {
+    let a = authorised(&gw, &call, &id, Act::State).await?;
     ok(StatusCode::OK, views::session(&a.session))
 }
 
-async fn list_commands(
-    State(gw): State<Arc<Gateway>>,
-    Path(id): Path<String>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
-) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::ListCommands).await?;
+async fn list_commands(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, call: Call) -> Reply {
+    let a = authorised(&gw, &call, &id, Act::ListCommands).await?;
     let list: Vec<Value> = gw.index.commands_of(&a.session).iter().map(|c| views::command(c, None)).collect();
     ok(StatusCode::OK, json!({"commands": list}))
 }
@@ -297,27 +291,19 @@ async fn list_commands(
 async fn send_command(
     State(gw): State<Arc<Gateway>>,
     Path(id): Path<String>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
+    call: Call,
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::SendCommand).await?;
+    let a = authorised(&gw, &call, &id, Act::SendCommand).await?;
     let body = body.map_err(body_error)?;
     let new = commands::parse(&body)?;
-    let key = idempotency_key(&headers)?;
+    let key = idempotency_key(&call.headers)?;
     let (c, replayed) = commands::send(&gw.client, &a.acting, &a.session, &new, key).await?;
     ok(if replayed { StatusCode::OK } else { StatusCode::CREATED }, views::command(&c, None))
 }
 
-async fn cancel(
-    State(gw): State<Arc<Gateway>>,
-    Path((id, cid)): Path<(String, String)>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
-) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::CancelCommand).await?;
+async fn cancel(State(gw): State<Arc<Gateway>>, Path((id, cid)): Path<(String, String)>, call: Call) -> Reply {
+    let a = authorised(&gw, &call, &id, Act::CancelCommand).await?;
     command_of(&gw, &a.session, &cid).await?;
     let c = commands::cancel(&gw.client, &a.acting, &a.session.namespace().unwrap_or_default(), &cid).await?;
     ok(StatusCode::OK, views::command(&c, None))
@@ -337,14 +323,8 @@ async fn command_of(gw: &Gateway, session: &Sandbox, cid: &str) -> Result<Comman
 
 /// The session's state and each command's status and stored offset; marks
 /// the session attached (for 30 s, for idle purposes).
-async fn attach(
-    State(gw): State<Arc<Gateway>>,
-    Path(id): Path<String>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
-) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::Attach).await?;
+async fn attach(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, call: Call) -> Reply {
+    let a = authorised(&gw, &call, &id, Act::Attach).await?;
     let session = a.session.as_ref();
     let sid = session.uid().unwrap_or_default();
     if !session.has_ended() {
@@ -371,11 +351,9 @@ async fn output(
     State(gw): State<Arc<Gateway>>,
     Path((id, cid)): Path<(String, String)>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
+    call: Call,
 ) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::ReadOutput).await?;
+    let a = authorised(&gw, &call, &id, Act::ReadOutput).await?;
     let _place = gw.long_polls.enter(a.who())?;
     let session = a.session.clone();
     // A query that does not parse is answered in the contract's shape too.
@@ -456,28 +434,20 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 async fn lifecycle(
     State(gw): State<Arc<Gateway>>,
     Path(id): Path<String>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
+    call: Call,
     request: requests::Request,
 ) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::Lifecycle(request)).await?;
+    let a = authorised(&gw, &call, &id, Act::Lifecycle(request)).await?;
     apply_lifecycle(&gw, &a, request).await
 }
 
 /// The same through `/v1/sandbox-session/…`: a `control` token alone,
 /// for the session it was made for.
-async fn token_lifecycle(
-    State(gw): State<Arc<Gateway>>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
-    request: requests::Request,
-) -> Reply {
-    if !bearer(&headers)?.starts_with(hangar_keys::token::PREFIX) {
+async fn token_lifecycle(State(gw): State<Arc<Gateway>>, call: Call, request: requests::Request) -> Reply {
+    if !bearer(&call.headers)?.starts_with(hangar_keys::token::PREFIX) {
         return Err(ApiError::new(ErrorCode::TokenInvalid, "this route takes a session token"));
     }
-    let token = token_caller(&gw, &headers, &m, &u).await?;
+    let token = token_caller(&gw, &call).await?;
     let sid = token.status.as_ref().and_then(|s| s.session_id.clone()).unwrap_or_default();
     let session =
         gw.index.session(&sid).ok_or_else(|| ApiError::new(ErrorCode::TokenInvalid, "the token's session is gone"))?;
@@ -503,26 +473,18 @@ async fn apply_lifecycle(gw: &Gateway, a: &Authorised, request: requests::Reques
 async fn mint_token(
     State(gw): State<Arc<Gateway>>,
     Path(id): Path<String>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
+    call: Call,
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::MintToken).await?;
+    let a = authorised(&gw, &call, &id, Act::MintToken).await?;
     let body = body.map_err(body_error)?;
     let (status, view) = tokens::mint(&gw, &a, &body).await?;
     ok(status, view)
 }
 
 /// `DELETE /v1/sandboxes/{id}/tokens/{name}`: revoke (final).
-async fn revoke_token(
-    State(gw): State<Arc<Gateway>>,
-    Path((id, name)): Path<(String, String)>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
-) -> Reply {
-    let a = authorised(&gw, &headers, &m, &u, &id, Act::RevokeToken).await?;
+async fn revoke_token(State(gw): State<Arc<Gateway>>, Path((id, name)): Path<(String, String)>, call: Call) -> Reply {
+    let a = authorised(&gw, &call, &id, Act::RevokeToken).await?;
     ok(StatusCode::OK, tokens::revoke(&gw, &a, &name).await?)
 }
 
@@ -531,12 +493,10 @@ async fn revoke_token(
 async fn snapshot(
     State(gw): State<Arc<Gateway>>,
     Path(id): Path<String>,
-    m: Method,
-    u: Uri,
-    headers: HeaderMap,
+    call: Call,
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
-    authorised(&gw, &headers, &m, &u, &id, Act::Snapshot).await?;
+    authorised(&gw, &call, &id, Act::Snapshot).await?;
     let body = body.map_err(body_error)?;
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("body is not JSON: {e}")))?;
@@ -555,11 +515,7 @@ async fn start_session(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Reply {
-    let bearer = bearer(&headers)?;
-    if bearer.starts_with(hangar_keys::token::PREFIX) {
-        return Err(ApiError::new(ErrorCode::TokenScopeForbidden, "a session token cannot start a session"));
-    }
-    let caller = gw.auth.authenticate(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())).await?;
+    let caller = member(&gw, &headers, "start a session").await?;
     let body = body.map_err(body_error)?;
     let key = idempotency_key(&headers)?;
     let (status, view) = sessions::start(&gw, &caller, &body, key).await?;
@@ -568,9 +524,14 @@ async fn start_session(
 
 /// `GET /v1/sandbox-templates`: the registered templates (any member).
 async fn templates(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Reply {
-    if bearer(&headers)?.starts_with(hangar_keys::token::PREFIX) {
-        return Err(ApiError::new(ErrorCode::TokenScopeForbidden, "a session token cannot list templates"));
-    }
-    gw.auth.authenticate(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())).await?;
+    member(&gw, &headers, "list templates").await?;
     ok(StatusCode::OK, json!({"templates": sessions::templates(&gw).await?}))
+}
+
+/// The member calling a route no session token may use (`what` it does).
+async fn member(gw: &Gateway, headers: &HeaderMap, what: &str) -> Result<Caller, ApiError> {
+    if bearer(headers)?.starts_with(hangar_keys::token::PREFIX) {
+        return Err(ApiError::new(ErrorCode::TokenScopeForbidden, format!("a session token cannot {what}")));
+    }
+    gw.auth.authenticate(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok())).await
 }
