@@ -79,7 +79,8 @@ pub enum Action {
     AttachVolume,
     PrepareNode,
     CreateAgentPod,
-    StopInstance { force: bool },
+    /// A normal StopInstances (the OS shuts down cleanly), never forced.
+    StopInstance,
     StartInstance,
     CancelQueuedCommands,
     TerminateInstance,
@@ -272,10 +273,13 @@ fn pausing(p: &mut Plan, obs: &Observed) {
             let waited = Duration::from_secs((obs.now.as_second() - requested.as_second()).max(0) as u64);
             if progress.stop_requested_at.is_none() {
                 if closed {
-                    p.actions.push(Action::StopInstance { force: false });
+                    p.actions.push(Action::StopInstance);
                     progress.stop_requested_at = Some(ts(obs.now));
                 } else if waited >= obs.pause_grace {
-                    p.actions.push(Action::StopInstance { force: true });
+                    // Without the report, stopped anyway — still a normal
+                    // stop: the OS shuts down cleanly (the document asks
+                    // for no forced stop).
+                    p.actions.push(Action::StopInstance);
                     progress.stop_requested_at = Some(ts(obs.now));
                     progress.forced = true;
                     p.events.push((
@@ -495,7 +499,7 @@ mod tests {
 
         o.worker = Some(WorkerReport { attempt: 1, workspace_closed: true });
         let p3 = plan(&p2.status, &o);
-        assert_eq!(p3.actions, vec![Action::StopInstance { force: false }]);
+        assert_eq!(p3.actions, vec![Action::StopInstance]);
         let pause = p3.status.pause.clone().unwrap();
         assert!(pause.workspace_closed_at.is_some() && !pause.forced);
 
@@ -511,7 +515,7 @@ mod tests {
             ..status(Phase::Pausing)
         };
         let p = plan(&s, &Observed { desired: Desired::Pause, ..ready(90, 1) });
-        assert_eq!(p.actions, vec![Action::StopInstance { force: true }]);
+        assert_eq!(p.actions, vec![Action::StopInstance]);
         assert!(p.status.pause.unwrap().forced);
         assert_eq!(p.events[0].0, "PauseForced");
     }

@@ -196,10 +196,11 @@ impl Ec2 {
 
     /// The state each call reports the instance is now in (e.g. `stopping`),
     /// so the cache does not claim the old state until the next describe.
-    pub async fn stop(&self, instance_id: &str, force: bool) -> Result<InstanceState, Ec2Error> {
+    /// A normal stop (never `Force`: the OS shuts down cleanly).
+    pub async fn stop(&self, instance_id: &str) -> Result<InstanceState, Ec2Error> {
         let out = self
             .call("StopInstances", CallKind::Mutating, || {
-                self.client.stop_instances().instance_ids(instance_id).force(force).send()
+                self.client.stop_instances().instance_ids(instance_id).force(false).send()
             })
             .await?;
         Ok(changed_state(out.stopping_instances(), InstanceState::Stopping))

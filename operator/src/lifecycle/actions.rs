@@ -81,14 +81,14 @@ pub async fn execute(
                 _ => Ok(()),
             }
         }
-        Action::StopInstance { force } => {
+        Action::StopInstance => {
             let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
             // Measured when the call leaves: the operator's part of the pause.
             if let Some(closed) = obs.workspace_closed_at {
                 let ms = (Timestamp::now().as_millisecond() - closed.as_millisecond()).max(0) as u64;
                 ctx.metrics.workspace_closed_to_stop(ms);
             }
-            let state = ctx.ec2.stop(&id, *force).await?;
+            let state = ctx.ec2.stop(&id).await?;
             ctx.instances.set_state(&id, state);
             ctx.instances.request_refresh();
             Ok(())
