@@ -73,6 +73,9 @@ struct SimNode {
     name: String,
     worker: Option<ChildProcess>,
     supervisor: Option<ChildProcess>,
+    /// Mode agent (`restartPolicy: Never`): the agent container ended with
+    /// this exit code and is not started again.
+    agent_ended: Option<i32>,
     /// The workspace volume attached when the worker started.
     volume: Option<String>,
     ready: bool,
@@ -153,6 +156,7 @@ async fn tick(
                     name: id.to_owned(),
                     worker: None,
                     supervisor: None,
+                    agent_ended: None,
                     volume: None,
                     ready: false,
                     lease_renewed: None,
@@ -443,12 +447,25 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
             }
             continue;
         }
-        // The container runs while its node runs; one that died restarts.
+        // The container runs while its node runs; one that died restarts,
+        // unless its restart policy is Never (mode agent): then it stays
+        // ended and the Pod reports how, as a kubelet would.
+        let never = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never");
         if let Some(n) = nodes.values_mut().find(|n| n.name == node) {
-            if n.supervisor.as_mut().is_some_and(|s| s.check_alive().is_err()) {
+            if let Some(status) = n.supervisor.as_mut().and_then(|s| s.exit_status()) {
                 // PID 1 of the container died: the container's processes go.
                 kill_marked(&format!("HANGAR_SIM_CONTAINER={node}"));
                 n.supervisor = None;
+                if never {
+                    use std::os::unix::process::ExitStatusExt;
+                    n.agent_ended = Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
+                }
+            }
+            if let Some(code) = n.agent_ended {
+                if !matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
+                    report_ended(&api, &name, &pod, code).await?;
+                }
+                continue;
             }
             if n.supervisor.is_none()
                 && let Some(volume) = n.volume.clone()
@@ -477,5 +494,39 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
         }});
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
+    Ok(())
+}
+
+/// The agent container ended with `code`: its state is terminated; the
+/// Pod has ended too when it has no other container (companions run on).
+async fn report_ended(api: &Api<Pod>, name: &str, pod: &Pod, code: i32) -> TickResult {
+    let now = Time(Timestamp::now());
+    let containers: Vec<_> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| {
+            let state = if c.name == "agent" {
+                json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                                      "finishedAt": now}})
+            } else {
+                json!({"running": {"startedAt": now}})
+            };
+            json!({"name": c.name, "image": c.image, "imageID": c.image, "ready": c.name != "agent",
+                   "restartCount": 0, "started": c.name != "agent", "state": state})
+        })
+        .collect();
+    let alone = containers.len() == 1;
+    let phase = match (alone, code) {
+        (false, _) => "Running",
+        (true, 0) => "Succeeded",
+        (true, _) => "Failed",
+    };
+    let patch = json!({"status": {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": containers,
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     Ok(())
 }

@@ -80,6 +80,11 @@ impl ChildProcess {
         }
     }
 
+    /// How it ended, once it has.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
     }

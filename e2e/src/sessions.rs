@@ -29,7 +29,9 @@ pub async fn ensure_namespace(client: &kube::Client, name: &str) {
 pub fn sandbox(name: &str, mode: &str, spec: Value) -> Sandbox {
     let mut base = json!({"mode": mode, "image": TEST_IMAGE});
     if mode == "agent" {
-        base["command"] = json!(["run-agent"]);
+        // An agent that runs until the session ends it (its exit would end
+        // the session).
+        base["command"] = json!(["sleep", "86400"]);
     }
     if let (Some(b), Some(extra)) = (base.as_object_mut(), spec.as_object()) {
         for (k, v) in extra {

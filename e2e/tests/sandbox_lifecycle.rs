@@ -210,3 +210,34 @@ async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch
     let ec2 = ec2_client(&stack.moto.endpoint()).await;
     assert!(session_instances(&ec2, &created.uid().unwrap()).await.is_empty(), "nothing launched");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_exit_ends_a_session_in_mode_agent_with_its_code() {
+    let stack = shared_stack();
+    let client = stack.cp.client().await.unwrap();
+    namespace(&client, "agent-exit").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "agent-exit");
+    let ec2 = ec2_client(&stack.moto.endpoint()).await;
+    // An agent that works a moment and exits 3; one that cannot start.
+    let working =
+        sessions::sandbox("worker", "agent", json!({"command": ["sh", "-c", "sleep 1; echo done > out.txt; exit 3"]}));
+    let missing = sessions::sandbox("missing", "agent", json!({"command": ["no-such-agent-binary"]}));
+    api.create(&PostParams::default(), &working).await.unwrap();
+    api.create(&PostParams::default(), &missing).await.unwrap();
+    for (name, code) in [("worker", 3), ("missing", 127)] {
+        let s = wait_for(&api, name, "ended", |s| phase(s) == Some(Phase::Ended)).await;
+        let status = s.status.clone().unwrap();
+        assert_eq!(status.exit_code, Some(code), "{name}: the agent's exit code");
+        assert_eq!(status.stop_reason.as_deref(), Some("agent_exited"), "{name}");
+        assert_eq!(status.outcome.as_deref(), Some("completed"), "{name}");
+        let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
+        assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"], "{name}");
+        let session = s.uid().unwrap();
+        assert!(
+            session_instances(&ec2, &session).await.iter().all(|(_, st)| *st == InstanceStateName::Terminated),
+            "{name}: its instance is terminated"
+        );
+    }
+    // The exit codes reached the session only through the agent Pod's
+    // container state (what a kubelet reports; the reset then deletes it).
+}

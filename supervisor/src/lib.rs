@@ -97,6 +97,22 @@ impl Outbox {
         }
     }
 
+    /// Waits until every message is acknowledged, or `within` passes.
+    async fn acknowledged(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.state.lock().expect("outbox").queue.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, drained).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// The first unacknowledged message after `cursor`.
     fn after(&self, cursor: u64) -> Option<Sequenced> {
         let st = self.state.lock().expect("outbox");
@@ -107,7 +123,33 @@ impl Outbox {
 /// Running commands: id → (process group, why it is being ended).
 type Running = Arc<Mutex<HashMap<u32, (i32, Option<EndedBy>)>>>;
 
-pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<()> {
+/// How the agent ended (mode agent): the container ends with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentEnd {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl AgentEnd {
+    /// The container's exit code, as a runtime reports it: the agent's
+    /// code, or 128 + the signal that ended it.
+    pub fn container_exit_code(&self) -> u8 {
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => c.clamp(0, 255) as u8,
+            (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
+            (None, None) => 1,
+        }
+    }
+}
+
+/// How long an ended agent's report waits for the worker's acknowledgement
+/// before the container ends anyway (the Pod's status carries the end too).
+const AGENT_END_REPORT_WAIT: Duration = Duration::from_secs(5);
+
+/// Serves the worker until told to stop; in mode agent, until the agent
+/// ends, which ends the supervisor (the container's main process) with it:
+/// `Ok(Some(end))`.
+pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<Option<AgentEnd>> {
     let _ = std::fs::remove_file(&cfg.socket);
     let listener = UnixListener::bind(&cfg.socket)?;
     let outbox = Arc::new(Outbox::default());
@@ -118,10 +160,22 @@ pub async fn serve(cfg: Config, agent: Option<Vec<String>>) -> std::io::Result<(
         std::process::id(),
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
     );
-    if let Some(argv) = agent {
-        tokio::spawn(run_agent(argv, cfg.clone(), outbox.clone()));
-    }
-    let result = accept_loop(&listener, &cfg, &outbox, &running, &boot).await;
+    let result = match agent {
+        None => accept_loop(&listener, &cfg, &outbox, &running, &boot).await.map(|()| None),
+        Some(argv) => {
+            let agent = tokio::spawn(run_agent(argv, cfg.clone(), outbox.clone()));
+            // The worker keeps being served while the end is reported.
+            let ended = async {
+                let end = agent.await.unwrap_or(AgentEnd { exit_code: None, signal: None });
+                outbox.acknowledged(AGENT_END_REPORT_WAIT).await;
+                end
+            };
+            tokio::select! {
+                served = accept_loop(&listener, &cfg, &outbox, &running, &boot) => served.map(|()| None),
+                end = ended => Ok(Some(end)),
+            }
+        }
+    };
     // However the supervisor ends (SIGTERM from the runtime, a failed
     // listener), the commands it started end with it: nothing it ran may
     // outlive it.
@@ -378,15 +432,19 @@ async fn pump(
 
 /// Mode agent: the agent's command is the main process; its exit is the
 /// end of the session.
-async fn run_agent(argv: Vec<String>, cfg: Arc<Config>, outbox: Arc<Outbox>) {
+async fn run_agent(argv: Vec<String>, cfg: Arc<Config>, outbox: Arc<Outbox>) -> AgentEnd {
     let status =
         match command(&argv, &[], &cfg.default_cwd).stdout(Stdio::inherit()).stderr(Stdio::inherit()).status().await {
             Ok(s) => s,
             Err(e) => {
+                // The runtime's convention for a command that cannot run.
                 eprintln!("supervisor: cannot start the agent {}: {e}", argv[0]);
-                outbox.send(FromSupervisor::AgentExited { exit_code: Some(127), signal: None });
-                return;
+                let end = AgentEnd { exit_code: Some(127), signal: None };
+                outbox.send(FromSupervisor::AgentExited { exit_code: end.exit_code, signal: None });
+                return end;
             }
         };
-    outbox.send(FromSupervisor::AgentExited { exit_code: status.code(), signal: status.signal() });
+    let end = AgentEnd { exit_code: status.code(), signal: status.signal() };
+    outbox.send(FromSupervisor::AgentExited { exit_code: end.exit_code, signal: end.signal });
+    end
 }

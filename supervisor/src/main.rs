@@ -32,7 +32,12 @@ async fn main() -> ExitCode {
         grace: Duration::from_secs(flag("--grace-seconds").and_then(|g| g.parse().ok()).unwrap_or(10)),
     };
     match serve(cfg, agent).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        // Mode agent: the container ends with the agent, with its code.
+        Ok(Some(end)) => {
+            eprintln!("hangar-supervisor: the agent ended ({end:?})");
+            ExitCode::from(end.container_exit_code())
+        }
         Err(e) => {
             eprintln!("hangar-supervisor: {e}");
             ExitCode::FAILURE

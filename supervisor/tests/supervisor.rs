@@ -247,3 +247,45 @@ async fn a_terminated_supervisor_ends_every_command_and_its_children() {
     let script = "(while :; do sleep 0.05; done) & while :; do sleep 0.05; done";
     commands_end_with_the_supervisor(nix::sys::signal::Signal::SIGTERM, script).await;
 }
+
+#[tokio::test]
+async fn in_mode_agent_the_agents_exit_is_reported_and_ends_the_container_with_its_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("supervisor.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar-supervisor"))
+        .args(["--mode", "agent", "--socket", socket.to_str().unwrap(), "--workdir", dir.path().to_str().unwrap()])
+        .args(["--", "sh", "-c", "while [ ! -e go ]; do sleep 0.02; done; exit 7"])
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(&socket).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "supervisor socket never appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (mut lines, mut w, _) = connect(&socket).await;
+    assert!(child.try_wait().unwrap().is_none(), "it runs while the agent runs");
+    std::fs::write(dir.path().join("go"), b"").unwrap();
+    // The worker hears of the end and acknowledges it ...
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let m: Sequenced = serde_json::from_str(&line).unwrap();
+            if let FromSupervisor::AgentExited { exit_code, signal } = m.msg {
+                return (m.seq, exit_code, signal);
+            }
+        }
+        panic!("socket closed before the agent's end was reported");
+    };
+    let (seq, exit_code, signal) = tokio::time::timeout(Duration::from_secs(10), read).await.unwrap();
+    assert_eq!((exit_code, signal), (Some(7), None));
+    send(&mut w, &ToSupervisor::Ack { upto: seq }).await;
+    // ... and the container ends with the agent's code, at once.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "still up after its agent ended and was acknowledged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(7));
+}

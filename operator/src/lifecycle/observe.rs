@@ -215,6 +215,12 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
 
 pub fn agent_state(pod: &Pod) -> AgentState {
     let Some(status) = pod.status.as_ref() else { return AgentState::Pending };
+    // The agent container's own end counts, whatever the Pod's phase: with
+    // companions running on, a kubelet keeps the Pod Running.
+    let agent = status.container_statuses.iter().flatten().find(|c| c.name == "agent");
+    if let Some(t) = agent.and_then(|c| c.state.as_ref()?.terminated.as_ref()) {
+        return AgentState::Exited(t.exit_code);
+    }
     match status.phase.as_deref() {
         Some("Running") => AgentState::Running,
         Some("Succeeded") | Some("Failed") => {
