@@ -238,6 +238,12 @@ pub struct SandboxStatus {
     /// Progress of the pause in flight (phase pausing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<PauseProgress>,
+    /// The last resume that could not start the instance: the session
+    /// stays paused and that request is not tried again. A new request — a
+    /// new generation of the spec, or a new value of the annotation
+    /// `hangar.dev/retry-resume` — tries again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_failed: Option<ResumeFailure>,
     /// Reset steps confirmed so far, in order (phases stopping,
     /// reset_incomplete, ended, failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -263,6 +269,17 @@ pub struct PauseProgress {
     /// True when the instance was stopped without the worker's report.
     #[serde(default)]
     pub forced: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeFailure {
+    /// The request that failed: `<generation>/<hangar.dev/retry-resume>`.
+    pub request: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+    /// Why, as EC2 said it.
+    pub reason: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -131,3 +131,59 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     assert!(secrets.get_opt(&format!("hangar-session-key-{session}")).await.unwrap().is_none(), "no key");
     sessions::wait_for(&f.stack, &api, "badami", "without finalizer", |s| s.finalizers().is_empty()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_cannot_start_the_instance_stays_paused_until_asked_again() {
+    use hangar_crds::AttemptEnd;
+    use kube::api::{Patch, PatchParams};
+    let f = faulty();
+    let (api, _) = start_session(&f.stack, "faults", "noresume").await;
+    let s = sessions::wait_phase(&f.stack, &api, "noresume", Phase::Running).await;
+    let instance = s.status.unwrap().instance_id.unwrap();
+    sessions::set_state(&api, "noresume", "Paused").await.unwrap();
+    sessions::wait_phase(&f.stack, &api, "noresume", Phase::Paused).await;
+    // No capacity for the next two starts of this instance.
+    f.proxy.inject(Fault {
+        action: "StartInstances",
+        body_contains: vec![instance.clone()],
+        code: "InsufficientInstanceCapacity",
+        status: 500,
+        times: 2,
+    });
+    let starts = || f.proxy.seen(&instance).into_iter().filter(|c| c.action == "StartInstances").count();
+    sessions::set_state(&api, "noresume", "Running").await.unwrap();
+    let s = sessions::wait_for(&f.stack, &api, "noresume", "resume failed", |s| {
+        s.status.as_ref().is_some_and(|st| st.resume_failed.is_some() && st.phase == Some(Phase::Paused))
+    })
+    .await;
+    let status = s.status.unwrap();
+    assert_eq!(status.attempts.last().unwrap().end, Some(AttemptEnd::StartFailed));
+    assert!(status.resume_failed.unwrap().reason.contains("InsufficientInstanceCapacity"));
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "ResumeFailed", "{}", ready.message);
+    // No hot loop: the same request is not tried again. Reconciles keep
+    // coming (heartbeats, watches); the attempts stay as they are.
+    let attempts = status.attempts.len();
+    assert_eq!(starts(), 1);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let now = api.get("noresume").await.unwrap().status.unwrap();
+        assert_eq!((now.attempts.len(), now.phase), (attempts, Some(Phase::Paused)), "a failed resume loops");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert_eq!(starts(), 1, "StartInstances was not asked again");
+    // A new request (the retry annotation): fails once more, then succeeds.
+    let retry = |v: &str| json!({"metadata": {"annotations": {"hangar.dev/retry-resume": v}}});
+    api.patch("noresume", &PatchParams::default(), &Patch::Merge(retry("1"))).await.unwrap();
+    sessions::wait_for(&f.stack, &api, "noresume", "failed again", |s| {
+        s.status.as_ref().is_some_and(|st| st.attempts.len() == attempts + 1 && st.phase == Some(Phase::Paused))
+    })
+    .await;
+    assert_eq!(starts(), 2);
+    api.patch("noresume", &PatchParams::default(), &Patch::Merge(retry("2"))).await.unwrap();
+    let s = sessions::wait_phase(&f.stack, &api, "noresume", Phase::Running).await;
+    let status = s.status.unwrap();
+    assert!(status.resume_failed.is_none(), "cleared once it runs");
+    assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()), "the same instance");
+    assert_eq!(status.attempts.len(), attempts + 2, "one attempt per request: {:?}", status.attempts);
+}

@@ -46,7 +46,8 @@ pub async fn enforce(ctx: &Context, sandbox: &Sandbox, status: &SandboxStatus) -
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &sandbox.namespace().unwrap_or_default());
     let mut next = status.clone();
     next.output_erased_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
-    crate::sandbox_status::write_status(&api, sandbox, &next).await?;
+    let written = crate::sandbox_status::write_status(&api, sandbox, &next).await?;
+    ctx.wrote(&format!("{}/{}", sandbox.namespace().unwrap_or_default(), sandbox.name_any()), written);
     tracing::info!(session = %session_id, "output retention over: output keys destroyed");
     Ok(None)
 }

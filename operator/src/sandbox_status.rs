@@ -16,13 +16,14 @@ use crate::error::Result;
 /// The operator's field manager on every object it applies.
 pub const FIELD_MANAGER: &str = "hangar-operator";
 
-pub async fn write_status(api: &Api<Sandbox>, sandbox: &Sandbox, status: &SandboxStatus) -> Result<()> {
+/// Returns the resourceVersion the write made.
+pub async fn write_status(api: &Api<Sandbox>, sandbox: &Sandbox, status: &SandboxStatus) -> Result<Option<String>> {
     let name = sandbox.name_any();
     let patch = json!({
         "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"resourceVersion": sandbox.resource_version()},
         "status": status,
     });
-    api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
+    let written = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(written.resource_version())
 }

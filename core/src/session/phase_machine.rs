@@ -68,6 +68,9 @@ pub struct Observed {
     pub key_present: bool,
     pub unfinished_commands: usize,
     pub pause_grace: Duration,
+    /// The resume request the Sandbox makes now
+    /// (`super::requests::resume_request`).
+    pub resume_request: String,
 }
 
 /// A side effect, executed in order by the reconciler.
@@ -299,6 +302,11 @@ fn paused(p: &mut Plan, obs: &Observed) {
     match &obs.desired {
         Desired::End(reason) => begin_stop(p, obs, reason),
         Desired::Run => {
+            // This very request already failed to start the instance: stay
+            // paused until a new one (no attempt opened per reconcile).
+            if p.status.resume_failed.as_ref().is_some_and(|f| f.request == obs.resume_request) {
+                return;
+            }
             open_attempt(p, AttemptCause::Resume);
             p.status.pause = None;
             p.actions.push(Action::StartInstance);
@@ -326,6 +334,7 @@ fn resuming(p: &mut Plan, obs: &Observed) {
             attempt_running(p, obs.now);
             bring_up(p, obs);
             if attempt_ready(p, obs) {
+                p.status.resume_failed = None;
                 set_phase(p, Phase::Running, "Resumed", format!("attempt {} running", p.status.attempt.unwrap_or(0)));
             }
         }
@@ -339,11 +348,14 @@ fn resuming(p: &mut Plan, obs: &Observed) {
 }
 
 /// The resume could not start the instance: back to paused, attempt ends
-/// `start_failed` (called by the reconciler when StartInstances fails).
-pub fn start_failed(status: &mut SandboxStatus, now: Timestamp) {
+/// `start_failed`, and `request` is recorded so it is not tried again
+/// (called by the reconciler when StartInstances fails).
+pub fn start_failed(status: &mut SandboxStatus, now: Timestamp, request: &str, reason: &str) {
     let mut p = Plan { status: status.clone(), actions: vec![], events: vec![], requeue_after: None };
     end_attempt(&mut p, AttemptEnd::StartFailed, now);
     p.status.phase = Some(Phase::Paused);
+    p.status.resume_failed =
+        Some(hangar_crds::ResumeFailure { request: request.to_owned(), at: Some(ts(now)), reason: reason.to_owned() });
     *status = p.status;
 }
 
@@ -421,6 +433,7 @@ mod tests {
             key_present: true,
             unfinished_commands: 0,
             pause_grace: Duration::from_secs(90),
+            resume_request: "1/".into(),
         }
     }
 
@@ -555,9 +568,19 @@ mod tests {
     fn a_failed_start_returns_to_paused_with_start_failed() {
         let s = SandboxStatus { attempt: Some(1), ..status(Phase::Paused) };
         let mut p = plan(&s, &Observed { instance: Some(InstanceState::Stopped), ..obs(0) });
-        start_failed(&mut p.status, at(1));
+        start_failed(&mut p.status, at(1), "4/", "InsufficientInstanceCapacity");
         assert_eq!(p.status.phase, Some(Phase::Paused));
         assert_eq!(p.status.attempts.last().unwrap().end, Some(AttemptEnd::StartFailed));
+        // The same request again: no new attempt, no StartInstances.
+        let same = Observed { instance: Some(InstanceState::Stopped), resume_request: "4/".into(), ..obs(2) };
+        let again = plan(&p.status, &same);
+        assert!(again.actions.is_empty(), "{:?}", again.actions);
+        assert_eq!(again.status.attempts.len(), p.status.attempts.len(), "no attempt per reconcile");
+        // A new request (the retry annotation, or a new generation) tries again.
+        let retry = Observed { resume_request: "4/1".into(), ..same };
+        let next = plan(&again.status, &retry);
+        assert_eq!(next.actions, vec![Action::StartInstance]);
+        assert_eq!(next.status.attempts.len(), p.status.attempts.len() + 1);
     }
 
     #[test]

@@ -15,6 +15,17 @@ use serde_json::{Value, json};
 
 use crate::refusal::Refusal;
 
+/// The annotation whose new value asks again for a resume that failed.
+pub const RETRY_RESUME_ANNOTATION: &str = "hangar.dev/retry-resume";
+
+/// Which resume request the Sandbox makes now: its spec's generation and
+/// the retry annotation. A resume that failed is not tried again for the
+/// same request (no hot loop); a new one tries again.
+pub fn resume_request(session: &Sandbox) -> String {
+    let retry = session.metadata.annotations.as_ref().and_then(|a| a.get(RETRY_RESUME_ANNOTATION));
+    format!("{}/{}", session.metadata.generation.unwrap_or(0), retry.map_or("", String::as_str))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request {
     Pause,

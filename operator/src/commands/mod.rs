@@ -119,7 +119,13 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
         return Ok(Requeue::requeue(Duration::from_millis(20)));
     }
     let node = session.status.as_ref().and_then(|s| s.node_name.clone());
-    for c in mine.iter().filter(|c| c.status.as_ref().and_then(|s| s.number).is_none()) {
+    // Written in number order, not name order: a worker hands over the
+    // lowest numbers it sees queued, so a higher number must not become
+    // visible before a lower one.
+    let mut unnumbered: Vec<&&Command> =
+        mine.iter().filter(|c| c.status.as_ref().and_then(|s| s.number).is_none()).collect();
+    unnumbered.sort_by_key(|c| next.entry(&c.uid().unwrap_or_default()).and_then(|e| e.number).unwrap_or(i64::MAX));
+    for c in unnumbered {
         let now = Time(Timestamp::now());
         let finished = c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final);
         let entry = next.entry(&c.uid().unwrap_or_default());

@@ -103,7 +103,8 @@ pub async fn execute(
                 }
                 Err(e) if e.is(Ec2ErrorKind::InsufficientCapacity) || e.is(Ec2ErrorKind::IncorrectState) => {
                     tracing::warn!(error = %e, "the instance did not start; back to paused");
-                    phase::start_failed(status, Timestamp::now());
+                    let request = hangar_core::session::requests::resume_request(s.sandbox);
+                    phase::start_failed(status, Timestamp::now(), &request, &e.to_string());
                     Ok(())
                 }
                 Err(e) => Err(e.into()),

@@ -12,7 +12,18 @@ pub fn ready(previous: &[Condition], status: &SandboxStatus, generation: Option<
         Phase::Running => ("True", "Running", "the session is running".to_owned()),
         Phase::Launching => ("False", "Launching", "starting the session's instance".to_owned()),
         Phase::Pausing => ("False", "Pausing", "closing the workspace and stopping the instance".to_owned()),
-        Phase::Paused => ("False", "Paused", "instance stopped; workspace kept".to_owned()),
+        Phase::Paused => match &status.resume_failed {
+            None => ("False", "Paused", "instance stopped; workspace kept".to_owned()),
+            Some(f) => (
+                "False",
+                "ResumeFailed",
+                format!(
+                    "the last resume could not start the instance ({}); paused until a new request \
+                     (annotation hangar.dev/retry-resume with a new value, or a new spec)",
+                    f.reason
+                ),
+            ),
+        },
         Phase::Resuming => ("False", "Resuming", "starting the same instance again".to_owned()),
         Phase::Interrupted => ("False", "Interrupted", "the instance or its worker stopped reporting".to_owned()),
         Phase::Stopping => ("False", "Stopping", "running the reset".to_owned()),

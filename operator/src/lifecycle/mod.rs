@@ -43,6 +43,11 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     ctx.metrics.watched_instances.set(ctx.instances.len() as i64);
     let session_id = sandbox.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
+    let key = format!("{ns}/{name}");
+    if ctx.behind_own_write(&key, sandbox.metadata.resource_version.as_deref()) {
+        tracing::debug!("the cached Sandbox predates our own last status write; waiting for the watch");
+        return Ok(Requeue::requeue(Duration::from_millis(50)));
+    }
     let current = sandbox.status.clone().unwrap_or_default();
     let terminal = matches!(current.phase, Some(Phase::Ended | Phase::Failed));
     if terminal {
@@ -95,7 +100,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     status.observed_generation = sandbox.metadata.generation;
     status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);
     if status != current {
-        match write_status(&api, &sandbox, &status).await {
+        match write_status(&api, &sandbox, &status).await.map(|rv| ctx.wrote(&key, rv)) {
             // Decided from a copy older than the Sandbox now is (the cache
             // had not caught up with our own last write): decide again on
             // the newer one. Every action above is idempotent.
@@ -108,6 +113,15 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     }
     for (reason, note) in &plan.events {
         publish(&ctx, &sandbox, reason, note, EventType::Normal).await;
+    }
+    if let Some(f) = status.resume_failed.as_ref().filter(|f| current.resume_failed.as_ref() != Some(*f)) {
+        let note = format!(
+            "the instance did not start ({}); the session stays paused. To try again: \
+             kubectl annotate sbx {name} {}=<new value> --overwrite",
+            f.reason,
+            hangar_core::session::requests::RETRY_RESUME_ANNOTATION
+        );
+        publish(&ctx, &sandbox, "ResumeFailed", &note, EventType::Warning).await;
     }
     if let Some(e) = failure {
         publish(&ctx, &sandbox, "ActionFailed", &e.to_string(), EventType::Warning).await;

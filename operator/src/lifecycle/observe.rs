@@ -205,6 +205,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             key_present,
             unfinished_commands,
             pause_grace: ctx.settings.pause_grace(),
+            resume_request: hangar_core::session::requests::resume_request(sandbox),
         },
         instance,
         volume,
