@@ -1,6 +1,10 @@
 //! Idle (mode commands only): a session is idle when no command runs and no
-//! client attached in the last 30 s. The timer itself arrives with the
-//! session-over-time issue; these are the contract's numbers.
+//! client attached in the last 30 s; after `idleTimeoutSeconds` of it the
+//! session pauses or ends (`idleAction`). The phase machine keeps the timer
+//! (`status.idleSince`); these are the contract's numbers.
+
+/// The annotation the gateway stamps when a client attaches (RFC 3339).
+pub const ATTACHED_AT_ANNOTATION: &str = "hangar.dev/attached-at";
 
 /// An attach counts as activity for this long.
 pub const ATTACHED_FOR_SECONDS: i64 = 30;

@@ -244,6 +244,15 @@ pub struct SandboxStatus {
     /// `hangar.dev/retry-resume` — tries again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_failed: Option<ResumeFailure>,
+    /// Mode commands: idle (no command running, no client attached in the
+    /// last 30 s) since then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<Time>,
+    /// Paused by `idleAction: pause` while the spec asked for running: the
+    /// resume request then in force (generation / `hangar.dev/retry-resume`).
+    /// A new request resumes it (the gateway's resume route makes one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_paused_request: Option<String>,
     /// Reset steps confirmed so far, in order (phases stopping,
     /// reset_incomplete, ended, failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

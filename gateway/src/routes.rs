@@ -37,7 +37,7 @@ use crate::{commands, openapi, sessions, tokens, views};
 
 /// Attach counts as "a client attached" for idle purposes; the operator
 /// reads this annotation.
-pub const ATTACHED_AT_ANNOTATION: &str = "hangar.dev/attached-at";
+pub use hangar_core::idle::ATTACHED_AT_ANNOTATION;
 const MAX_BODY: usize = 1 << 20;
 pub const PROOF_HEADER: &str = "hangar-proof";
 
@@ -459,7 +459,7 @@ async fn token_lifecycle(State(gw): State<Arc<Gateway>>, call: Call, request: re
 
 async fn apply_lifecycle(gw: &Gateway, a: &Authorised, request: requests::Request) -> Reply {
     let session = sessions::current(gw, &a.session).await?;
-    let Some(patch) = requests::change(&session, request)? else {
+    let Some(patch) = requests::change(&session, request, Timestamp::now())? else {
         return ok(StatusCode::OK, views::session(&session));
     };
     let ns = session.namespace().unwrap_or_default();

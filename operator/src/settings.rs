@@ -95,6 +95,10 @@ pub struct Settings {
     /// retention clock down with it.
     #[arg(long, env = "HANGAR_RETENTION_DAY_SECONDS", default_value_t = 86400)]
     pub retention_day_seconds: u64,
+    /// How long one second of the idle clock lasts, in milliseconds (1000;
+    /// tests scale `idleTimeoutSeconds` and the 30 s attach window down).
+    #[arg(long, env = "HANGAR_IDLE_SECOND_MILLIS", default_value_t = 1000)]
+    pub idle_second_millis: u64,
     #[arg(long)]
     pub print_settings: bool,
 }
@@ -134,6 +138,11 @@ impl Settings {
             return vec![(format!("{}a", self.aws_region), None)];
         }
         self.subnets.iter().map(|(z, s)| (z.clone(), Some(s.clone()))).collect()
+    }
+
+    /// One second of the idle clock.
+    pub fn idle_second(&self) -> Duration {
+        Duration::from_millis(self.idle_second_millis.max(1))
     }
 
     pub fn pause_grace(&self) -> Duration {

@@ -20,6 +20,8 @@ pub enum StopReason {
     LaunchFailed(String),
     /// `spec.template` names no registered template.
     TemplateNotFound(String),
+    /// Mode commands: idle for `idleTimeoutSeconds` with `idleAction: end`.
+    IdleTimeout,
 }
 
 impl StopReason {
@@ -34,6 +36,7 @@ impl StopReason {
             Self::InsufficientCapacity(_) => "insufficient_capacity",
             Self::LaunchFailed(_) => "launch_failed",
             Self::TemplateNotFound(_) => "template_not_found",
+            Self::IdleTimeout => "idle_timeout",
         }
     }
 

@@ -71,6 +71,17 @@ pub struct Observed {
     /// The resume request the Sandbox makes now
     /// (`super::requests::resume_request`).
     pub resume_request: String,
+    /// Mode commands: whether the session is active now, and its idle policy
+    /// (the timeout already in real time). `None` in mode agent.
+    pub idle: Option<Idle>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Idle {
+    /// A command runs, or a client attached in the last 30 s.
+    pub active: bool,
+    pub timeout: Duration,
+    pub action: hangar_crds::IdleAction,
 }
 
 /// A side effect, executed in order by the reconciler.
@@ -226,6 +237,12 @@ fn launching(p: &mut Plan, obs: &Observed) {
     }
 }
 
+fn begin_pause(p: &mut Plan, obs: &Observed, note: &str) {
+    p.status.pause = Some(PauseProgress { requested_at: Some(ts(obs.now)), ..Default::default() });
+    set_phase(p, Phase::Pausing, "Pausing", note.into());
+    p.requeue_after = Some(obs.pause_grace);
+}
+
 fn running(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
@@ -238,10 +255,30 @@ fn running(p: &mut Plan, obs: &Observed) {
         return begin_stop(p, obs, &StopReason::AgentExited);
     }
     if obs.desired == Desired::Pause && obs.mode == Mode::Commands {
-        p.status.pause = Some(PauseProgress { requested_at: Some(ts(obs.now)), ..Default::default() });
-        set_phase(p, Phase::Pausing, "Pausing", "closing the workspace before stopping the instance".into());
-        p.requeue_after = Some(obs.pause_grace);
-        return;
+        return begin_pause(p, obs, "closing the workspace before stopping the instance");
+    }
+    if let Some(idle) = obs.idle {
+        if idle.active {
+            p.status.idle_since = None;
+        } else {
+            let since = p.status.idle_since.as_ref().map_or(obs.now, |t| t.0);
+            p.status.idle_since = Some(ts(since));
+            let idle_for = Duration::from_secs((obs.now.as_second() - since.as_second()).max(0) as u64);
+            if idle_for >= idle.timeout {
+                p.status.idle_since = None;
+                match idle.action {
+                    hangar_crds::IdleAction::End => return begin_stop(p, obs, &StopReason::IdleTimeout),
+                    hangar_crds::IdleAction::Pause => {
+                        // The spec still says Running: this request stays
+                        // paused; a new one resumes.
+                        p.status.idle_paused_request = Some(obs.resume_request.clone());
+                        return begin_pause(p, obs, "idle: closing the workspace before stopping the instance");
+                    }
+                }
+            }
+            let left = idle.timeout - idle_for;
+            p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
+        }
     }
     // Keep the pieces in place (e.g. a node relabelled by hand).
     bring_up(p, obs);
@@ -302,11 +339,15 @@ fn paused(p: &mut Plan, obs: &Observed) {
     match &obs.desired {
         Desired::End(reason) => begin_stop(p, obs, reason),
         Desired::Run => {
-            // This very request already failed to start the instance: stay
-            // paused until a new one (no attempt opened per reconcile).
-            if p.status.resume_failed.as_ref().is_some_and(|f| f.request == obs.resume_request) {
+            // This very request already failed to start the instance, or
+            // was paused for idle: stay paused until a new one (no attempt
+            // opened per reconcile).
+            if p.status.resume_failed.as_ref().is_some_and(|f| f.request == obs.resume_request)
+                || p.status.idle_paused_request.as_ref() == Some(&obs.resume_request)
+            {
                 return;
             }
+            p.status.idle_paused_request = None;
             open_attempt(p, AttemptCause::Resume);
             p.status.pause = None;
             p.actions.push(Action::StartInstance);
@@ -434,6 +475,7 @@ mod tests {
             unfinished_commands: 0,
             pause_grace: Duration::from_secs(90),
             resume_request: "1/".into(),
+            idle: None,
         }
     }
 
@@ -518,6 +560,35 @@ mod tests {
 
         // Called again before the stop shows: no second StopInstances.
         assert!(plan(&p3.status, &o).actions.is_empty());
+    }
+
+    #[test]
+    fn idle_ends_or_pauses_after_its_timeout_and_activity_resets_it() {
+        use hangar_crds::IdleAction;
+        let s = SandboxStatus { attempt: Some(1), ..status(Phase::Running) };
+        let idle = |active, action| Some(Idle { active, timeout: Duration::from_secs(60), action });
+        // Idle from t=10: the timer starts, the requeue is the time left.
+        let p = plan(&s, &Observed { idle: idle(false, IdleAction::End), ..ready(10, 1) });
+        assert_eq!(p.status.idle_since, Some(Time(at(10))));
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(60)));
+        // Activity resets it.
+        let busy = plan(&p.status, &Observed { idle: idle(true, IdleAction::End), ..ready(40, 1) });
+        assert_eq!(busy.status.idle_since, None);
+        // Idle long enough: end, stop reason idle_timeout.
+        let ended = plan(&p.status, &Observed { idle: idle(false, IdleAction::End), ..ready(70, 1) });
+        assert_eq!(ended.status.phase, Some(Phase::Stopping));
+        assert_eq!(ended.status.stop_reason.as_deref(), Some("idle_timeout"));
+        // Or pause, remembering the request it paused under.
+        let paused = plan(&p.status, &Observed { idle: idle(false, IdleAction::Pause), ..ready(70, 1) });
+        assert_eq!(paused.status.phase, Some(Phase::Pausing));
+        assert_eq!(paused.status.idle_paused_request.as_deref(), Some("1/"));
+        // Paused for idle: the same request stays paused, a new one resumes.
+        let stay = SandboxStatus { phase: Some(Phase::Paused), ..paused.status.clone() };
+        let o = Observed { instance: Some(InstanceState::Stopped), ..obs(80) };
+        assert!(plan(&stay, &o).actions.is_empty());
+        let again = plan(&stay, &Observed { resume_request: "1/r".into(), ..o });
+        assert_eq!(again.actions, vec![Action::StartInstance]);
+        assert_eq!(again.status.idle_paused_request, None);
     }
 
     #[test]

@@ -34,8 +34,15 @@ pub enum Request {
     RevokeAll,
 }
 
-/// The merge patch of the Sandbox `request` makes (`None`: already so).
-pub fn change(session: &Sandbox, request: Request) -> Result<Option<Value>, Refusal> {
+/// The merge patch of the Sandbox `request` makes at `now` (`None`:
+/// already so). A session paused while its spec says Running (for idle, or
+/// after a resume that failed) is resumed by a new request: a new value of
+/// the retry annotation.
+pub fn change(
+    session: &Sandbox,
+    request: Request,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<Option<Value>, Refusal> {
     if session.has_ended() {
         return Err(Refusal::new(ErrorCode::SandboxEnded, "the session has ended"));
     }
@@ -59,6 +66,9 @@ pub fn change(session: &Sandbox, request: Request) -> Result<Option<Value>, Refu
         }
         Request::Resume if session.spec.state == DesiredState::Paused => {
             Ok(Some(json!({"spec": {"state": "Running"}})))
+        }
+        Request::Resume if matches!(phase, Some(Phase::Paused | Phase::Pausing)) => {
+            Ok(Some(json!({"metadata": {"annotations": {RETRY_RESUME_ANNOTATION: now.as_nanosecond().to_string()}}})))
         }
         Request::Resume => Ok(None),
         Request::Stop => Ok(Some(json!({"spec": {"state": "Ended"}}))),
@@ -98,6 +108,8 @@ mod tests {
             ("commands", "Paused", "paused", Request::Resume, r#"{"state":"Running"}"#),
             ("commands", "Paused", "pausing", Request::Resume, r#"{"state":"Running"}"#),
             ("commands", "Running", "running", Request::Resume, "unchanged"),
+            // Paused for idle (or after a failed resume) with the spec at Running: a new request.
+            ("commands", "Running", "paused", Request::Resume, "null"),
             ("commands", "Paused", "paused", Request::Stop, r#"{"state":"Ended"}"#),
             ("agent", "Running", "launching", Request::RevokeAll, r#"{"revokeAll":true}"#),
             ("commands", "Ended", "stopping", Request::Stop, "sandbox_ended"),
@@ -105,7 +117,8 @@ mod tests {
             ("commands", "Running", "failed", Request::RevokeAll, "sandbox_ended"),
         ];
         for (mode, state, phase, req, want) in cases {
-            assert_eq!(code(change(&session(mode, state, phase), req)), want, "{mode} {state} {phase} {req:?}");
+            let now = "2026-12-01T10:00:00Z".parse().unwrap();
+            assert_eq!(code(change(&session(mode, state, phase), req, now)), want, "{mode} {state} {phase} {req:?}");
         }
     }
 }

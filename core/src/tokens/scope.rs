@@ -152,12 +152,24 @@ pub fn sandbox_change(old: &Sandbox, new: &Sandbox) -> Action {
     let mut rest = new.spec.clone();
     rest.state = old.spec.state;
     rest.revoke_all = old.spec.revoke_all;
+    // The retry annotation is how a resume is asked for again (the
+    // gateway's resume route sets it): a control act, nothing else.
+    let retry = crate::session::requests::RETRY_RESUME_ANNOTATION;
+    let without_retry = |s: &Sandbox| {
+        let mut a = s.metadata.annotations.clone().unwrap_or_default();
+        let value = a.remove(retry);
+        (a, value)
+    };
+    let ((old_annotations, old_retry), (new_annotations, new_retry)) = (without_retry(old), without_retry(new));
     let same_meta = old.metadata.labels == new.metadata.labels
-        && old.metadata.annotations == new.metadata.annotations
+        && old_annotations == new_annotations
         && old.metadata.finalizers == new.metadata.finalizers
         && old.metadata.owner_references == new.metadata.owner_references;
     if rest != old.spec || !same_meta {
         return Action::MemberOnly;
+    }
+    if old_retry != new_retry {
+        return if old.spec == new.spec { Action::Resume } else { Action::MemberOnly };
     }
     let (a, b): (&SandboxSpec, &SandboxSpec) = (&old.spec, &new.spec);
     match (a.state != b.state, a.revoke_all != b.revoke_all) {

@@ -206,11 +206,38 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             unfinished_commands,
             pause_grace: ctx.settings.pause_grace(),
             resume_request: hangar_core::session::requests::resume_request(sandbox),
+            idle: idle(ctx, sandbox, now),
         },
         instance,
         volume,
         node,
         workspace_closed_at,
+    })
+}
+
+/// Mode commands: whether the session is active (a command running, or a
+/// client attached within the last 30 idle-clock seconds) and its policy.
+fn idle(ctx: &Context, sandbox: &Sandbox, now: Timestamp) -> Option<hangar_core::session::phase_machine::Idle> {
+    let policy = sandbox.spec.idle_policy()?;
+    let second = ctx.settings.idle_second();
+    let running = ctx.commands.state().iter().any(|c| {
+        c.belongs_to(sandbox)
+            && matches!(
+                c.status.as_ref().and_then(|s| s.phase),
+                Some(hangar_crds::CommandPhase::Running | hangar_crds::CommandPhase::Cancelling)
+            )
+    });
+    let attached = kube::ResourceExt::annotations(sandbox)
+        .get(hangar_core::idle::ATTACHED_AT_ANNOTATION)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .is_some_and(|at| {
+            let window = second * hangar_core::idle::ATTACHED_FOR_SECONDS as u32;
+            now.duration_since(at).unsigned_abs() < window
+        });
+    Some(hangar_core::session::phase_machine::Idle {
+        active: running || attached,
+        timeout: second * policy.timeout_seconds.clamp(0, u32::MAX as i64) as u32,
+        action: policy.action,
     })
 }
 

@@ -1,0 +1,94 @@
+//! Idle (mode commands), on a stack whose idle clock runs 20 times fast
+//! (one second = 50 ms, so `idleTimeoutSeconds: 60` is 3 s and the 30 s
+//! attach window 1.5 s): a running command and an attached client keep a
+//! session active; idle for the timeout it ends (`idle_timeout`) or pauses,
+//! and a session paused for idle stays paused until a new resume request.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use hangar_crds::{Command, CommandPhase, Phase, Sandbox};
+use hangar_e2e::gateway::member_token;
+use hangar_e2e::sessions::{self, ensure_namespace};
+use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+fn stack() -> &'static LocalStack {
+    static S: OnceLock<LocalStack> = OnceLock::new();
+    S.get_or_init(|| {
+        let cp = ControlPlane::start().expect("control plane");
+        let opts = StackOptions {
+            operator_env: vec![("HANGAR_IDLE_SECOND_MILLIS".into(), "50".into())],
+            ..Default::default()
+        };
+        LocalStack::start(cp, opts).expect("stack")
+    })
+}
+
+async fn session(ns: &str, name: &str, action: &str) -> (Api<Sandbox>, Api<Command>, Sandbox) {
+    let stack = stack();
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, ns).await;
+    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let spec = json!({"idleTimeoutSeconds": 60, "idleAction": action});
+    boxes.create(&PostParams::default(), &sessions::sandbox(name, "commands", spec)).await.unwrap();
+    let s = sessions::wait_phase(stack, &boxes, name, Phase::Running).await;
+    (boxes, Api::namespaced(client, ns), s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_command_keeps_a_session_alive_then_idle_ends_it() {
+    let stack = stack();
+    let (boxes, commands, _) = session("idle-end", "box", "end").await;
+    // Runs 5 s, longer than the 3 s timeout: the session must not end under it.
+    commands.create(&PostParams::default(), &hangar_e2e::commands::sh("long", "box", "sleep 5")).await.unwrap();
+    let started = Instant::now();
+    let s = sessions::wait_phase(stack, &boxes, "box", Phase::Ended).await;
+    let status = s.status.unwrap();
+    assert_eq!(status.stop_reason.as_deref(), Some("idle_timeout"));
+    assert!(started.elapsed() >= Duration::from_secs(5), "ended while its command ran");
+    let long = commands.get("long").await.unwrap();
+    assert_eq!(long.status.unwrap().phase, Some(CommandPhase::Exited), "the command ran to its end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_client_keeps_a_session_alive_then_idle_pauses_it_until_a_new_resume() {
+    let stack = stack();
+    let ns = "idle-pause";
+    let (boxes, _, s) = session(ns, "box", "pause").await;
+    let sid = s.uid().unwrap();
+    let gw = stack.gateway_client();
+    let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");
+    gw.wait_known(&sid, &member).await;
+    // Attached every 0.5 s for 5 s (past the 3 s timeout): still running.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        let (status, _) = gw.get(&format!("/v1/sandboxes/{sid}/attach"), &member).await;
+        assert_eq!(status, 200);
+        let now = boxes.get("box").await.unwrap();
+        assert_eq!(sessions::phase(&now), Some(Phase::Running), "idle while a client was attached");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Left alone: it pauses (the instance stops), though the spec says Running.
+    let s = sessions::wait_phase(stack, &boxes, "box", Phase::Paused).await;
+    assert_eq!(s.spec.state, hangar_crds::sandbox::DesiredState::Running);
+    let status = s.status.clone().unwrap();
+    assert!(status.idle_paused_request.is_some());
+    let attempts = status.attempts.len();
+    // It stays paused: no resume without a new request.
+    let hold = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < hold {
+        let now = boxes.get("box").await.unwrap();
+        assert_eq!(sessions::phase(&now), Some(Phase::Paused), "resumed by itself");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The gateway's resume is a new request: the same instance runs again.
+    let (status, body) = gw.call("POST", &format!("/v1/sandboxes/{sid}/resume"), Some(&member), None, &[]).await;
+    assert_eq!(status, 202, "{body}");
+    let s = sessions::wait_phase(stack, &boxes, "box", Phase::Running).await;
+    let resumed = s.status.unwrap();
+    assert_eq!(resumed.attempts.len(), attempts + 1);
+    assert!(resumed.idle_paused_request.is_none());
+}
