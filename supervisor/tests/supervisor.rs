@@ -26,10 +26,15 @@ impl Drop for Supervisor {
 }
 
 async fn start(dir: &Path) -> (Supervisor, std::path::PathBuf) {
+    start_in(dir, "commands", &["--grace-seconds", "1"]).await
+}
+
+/// The supervisor in `mode` with `extra` arguments, once its socket answers.
+async fn start_in(dir: &Path, mode: &str, extra: &[&str]) -> (Supervisor, std::path::PathBuf) {
     let socket = dir.join("supervisor.sock");
     let child = Command::new(env!("CARGO_BIN_EXE_hangar-supervisor"))
-        .args(["--mode", "commands", "--socket", socket.to_str().unwrap(), "--workdir", dir.to_str().unwrap()])
-        .args(["--grace-seconds", "1"])
+        .args(["--mode", mode, "--socket", socket.to_str().unwrap(), "--workdir", dir.to_str().unwrap()])
+        .args(extra)
         .spawn()
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -251,17 +256,9 @@ async fn a_terminated_supervisor_ends_every_command_and_its_children() {
 #[tokio::test]
 async fn in_mode_agent_the_agents_exit_is_reported_and_ends_the_container_with_its_code() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("supervisor.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hangar-supervisor"))
-        .args(["--mode", "agent", "--socket", socket.to_str().unwrap(), "--workdir", dir.path().to_str().unwrap()])
-        .args(["--", "sh", "-c", "while [ ! -e go ]; do sleep 0.02; done; exit 7"])
-        .spawn()
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while UnixStream::connect(&socket).await.is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "supervisor socket never appeared");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let agent = ["--", "sh", "-c", "while [ ! -e go ]; do sleep 0.02; done; exit 7"];
+    let (mut sup, socket) = start_in(dir.path(), "agent", &agent).await;
+    let child = &mut sup.0;
     let (mut lines, mut w, _) = connect(&socket).await;
     assert!(child.try_wait().unwrap().is_none(), "it runs while the agent runs");
     std::fs::write(dir.path().join("go"), b"").unwrap();
