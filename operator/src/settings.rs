@@ -99,6 +99,11 @@ pub struct Settings {
     /// tests scale `idleTimeoutSeconds` and the 30 s attach window down).
     #[arg(long, env = "HANGAR_IDLE_SECOND_MILLIS", default_value_t = 1000)]
     pub idle_second_millis: u64,
+    /// How long one second of `stopAfterSeconds` lasts, in milliseconds
+    /// (1000; tests scale the hard stop down). Compute is metered in real
+    /// seconds either way.
+    #[arg(long, env = "HANGAR_STOP_AFTER_SECOND_MILLIS", default_value_t = 1000)]
+    pub stop_after_second_millis: u64,
     #[arg(long)]
     pub print_settings: bool,
 }
@@ -138,6 +143,11 @@ impl Settings {
             return vec![(format!("{}a", self.aws_region), None)];
         }
         self.subnets.iter().map(|(z, s)| (z.clone(), Some(s.clone()))).collect()
+    }
+
+    /// One second of `stopAfterSeconds`.
+    pub fn stop_after_second(&self) -> Duration {
+        Duration::from_millis(self.stop_after_second_millis.max(1))
     }
 
     /// One second of the idle clock.

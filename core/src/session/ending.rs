@@ -22,6 +22,8 @@ pub enum StopReason {
     TemplateNotFound(String),
     /// Mode commands: idle for `idleTimeoutSeconds` with `idleAction: end`.
     IdleTimeout,
+    /// The metered compute reached `stopAfterSeconds`.
+    StopAfter,
 }
 
 impl StopReason {
@@ -37,6 +39,7 @@ impl StopReason {
             Self::LaunchFailed(_) => "launch_failed",
             Self::TemplateNotFound(_) => "template_not_found",
             Self::IdleTimeout => "idle_timeout",
+            Self::StopAfter => "stop_after",
         }
     }
 

@@ -74,6 +74,9 @@ pub struct Observed {
     /// Mode commands: whether the session is active now, and its idle policy
     /// (the timeout already in real time). `None` in mode agent.
     pub idle: Option<Idle>,
+    /// `stopAfterSeconds` in real time: the metered compute of all attempts
+    /// at which the session ends (`None`: no hard stop).
+    pub stop_after: Option<Duration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,9 +246,32 @@ fn begin_pause(p: &mut Plan, obs: &Observed, note: &str) {
     p.requeue_after = Some(obs.pause_grace);
 }
 
+/// Compute metered so far: the ended attempts', and the current one's
+/// since it started running (a pause does not count).
+fn compute_used(p: &Plan, now: Timestamp) -> Duration {
+    let secs: i64 = p
+        .status
+        .attempts
+        .iter()
+        .map(|a| match (&a.end, &a.started_at) {
+            (None, Some(start)) => (now.as_second() - start.0.as_second()).max(0),
+            _ => a.compute_seconds,
+        })
+        .sum();
+    Duration::from_secs(secs.max(0) as u64)
+}
+
 fn running(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
+    }
+    if let Some(limit) = obs.stop_after {
+        let used = compute_used(p, obs.now);
+        if used >= limit {
+            return begin_stop(p, obs, &StopReason::StopAfter);
+        }
+        let left = limit - used;
+        p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
     }
     if obs.mode == Mode::Agent
         && let AgentState::Exited(code) = obs.agent
@@ -476,6 +502,7 @@ mod tests {
             pause_grace: Duration::from_secs(90),
             resume_request: "1/".into(),
             idle: None,
+            stop_after: None,
         }
     }
 
@@ -560,6 +587,35 @@ mod tests {
 
         // Called again before the stop shows: no second StopInstances.
         assert!(plan(&p3.status, &o).actions.is_empty());
+    }
+
+    #[test]
+    fn the_hard_stop_counts_compute_across_attempts_not_pauses() {
+        let mut s = SandboxStatus { attempt: Some(2), ..status(Phase::Running) };
+        s.attempts.push(Attempt {
+            number: 1,
+            cause: AttemptCause::Launch,
+            started_at: Some(Time(at(0))),
+            ended_at: Some(Time(at(100))),
+            end: Some(AttemptEnd::Paused),
+            compute_seconds: 100,
+        });
+        // Resumed at t=1000 (900 s paused, not counted).
+        s.attempts.push(Attempt {
+            number: 2,
+            cause: AttemptCause::Resume,
+            started_at: Some(Time(at(1000))),
+            ended_at: None,
+            end: None,
+            compute_seconds: 0,
+        });
+        let limit = Some(Duration::from_secs(150));
+        let early = plan(&s, &Observed { stop_after: limit, ..ready(1040, 2) });
+        assert_eq!(early.status.phase, Some(Phase::Running));
+        assert_eq!(early.requeue_after, Some(Duration::from_secs(10)), "wakes when the limit comes");
+        let at_limit = plan(&s, &Observed { stop_after: limit, ..ready(1050, 2) });
+        assert_eq!(at_limit.status.phase, Some(Phase::Stopping));
+        assert_eq!(at_limit.status.stop_reason.as_deref(), Some("stop_after"));
     }
 
     #[test]

@@ -207,6 +207,10 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             pause_grace: ctx.settings.pause_grace(),
             resume_request: hangar_core::session::requests::resume_request(sandbox),
             idle: idle(ctx, sandbox, now),
+            stop_after: sandbox
+                .spec
+                .stop_after_seconds
+                .map(|s| ctx.settings.stop_after_second() * s.clamp(0, u32::MAX as i64) as u32),
         },
         instance,
         volume,

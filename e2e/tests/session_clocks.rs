@@ -1,8 +1,12 @@
-//! Idle (mode commands), on a stack whose idle clock runs 20 times fast
-//! (one second = 50 ms, so `idleTimeoutSeconds: 60` is 3 s and the 30 s
-//! attach window 1.5 s): a running command and an attached client keep a
-//! session active; idle for the timeout it ends (`idle_timeout`) or pauses,
-//! and a session paused for idle stays paused until a new resume request.
+//! The session's clocks, on a stack that runs them fast:
+//!
+//! - idle (mode commands), one second = 50 ms, so `idleTimeoutSeconds: 60`
+//!   is 3 s and the 30 s attach window 1.5 s: a running command and an
+//!   attached client keep a session active; idle for the timeout it ends
+//!   (`idle_timeout`) or pauses, and a session paused for idle stays paused
+//!   until a new resume request;
+//! - the hard stop, one second of `stopAfterSeconds` = 1 ms, so 3600 is
+//!   3.6 s of metered compute, counted across attempts, not while paused.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -20,7 +24,10 @@ fn stack() -> &'static LocalStack {
     S.get_or_init(|| {
         let cp = ControlPlane::start().expect("control plane");
         let opts = StackOptions {
-            operator_env: vec![("HANGAR_IDLE_SECOND_MILLIS".into(), "50".into())],
+            operator_env: vec![
+                ("HANGAR_IDLE_SECOND_MILLIS".into(), "50".into()),
+                ("HANGAR_STOP_AFTER_SECOND_MILLIS".into(), "1".into()),
+            ],
             ..Default::default()
         };
         LocalStack::start(cp, opts).expect("stack")
@@ -91,4 +98,40 @@ async fn an_attached_client_keeps_a_session_alive_then_idle_pauses_it_until_a_ne
     let resumed = s.status.unwrap();
     assert_eq!(resumed.attempts.len(), attempts + 1);
     assert!(resumed.idle_paused_request.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hard_stop_counts_compute_across_a_pause_and_ends_the_session() {
+    use hangar_crds::sandbox::DesiredState;
+    let stack = stack();
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, "hard-stop").await;
+    let boxes: Api<Sandbox> = Api::namespaced(client, "hard-stop");
+    // 3.6 s of compute; never idle on this clock.
+    let spec = json!({"stopAfterSeconds": 3600, "idleTimeoutSeconds": 86400});
+    boxes.create(&PostParams::default(), &sessions::sandbox("capped", "commands", spec)).await.unwrap();
+    sessions::wait_phase(stack, &boxes, "capped", Phase::Running).await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sessions::set_state(&boxes, "capped", "Paused").await.unwrap();
+    sessions::wait_phase(stack, &boxes, "capped", Phase::Paused).await;
+    // Paused time is not compute: 4 s paused, past the limit in wall time.
+    let hold = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < hold {
+        let now = boxes.get("capped").await.unwrap();
+        assert_eq!(sessions::phase(&now), Some(Phase::Paused), "a pause used the hard stop's time");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    sessions::set_state(&boxes, "capped", "Running").await.unwrap();
+    sessions::wait_phase(stack, &boxes, "capped", Phase::Running).await;
+    let s = sessions::wait_phase(stack, &boxes, "capped", Phase::Ended).await;
+    let wall = started.elapsed();
+    assert_eq!(s.spec.state, DesiredState::Running);
+    let status = s.status.unwrap();
+    assert_eq!(status.stop_reason.as_deref(), Some("stop_after"));
+    let compute: i64 = status.attempts.iter().map(|a| a.compute_seconds).sum();
+    assert!((3..=7).contains(&compute), "about 3.6 s of compute over two attempts: {compute} s");
+    // Had the pause counted, it would have ended about 3.6 s in.
+    assert!(wall >= Duration::from_millis(3600 + 4000 - 500), "the 4 s pause was not counted: {wall:?}");
+    assert_eq!(status.attempts.len(), 2);
 }
