@@ -6,7 +6,8 @@
 //!   (`idle_timeout`) or pauses, and a session paused for idle stays paused
 //!   until a new resume request;
 //! - the hard stop, one second of `stopAfterSeconds` = 1 ms, so 3600 is
-//!   3.6 s of metered compute, counted across attempts, not while paused.
+//!   3.6 s of metered compute, counted across attempts, not while paused;
+//! - the longest pause (7 days) as 6 s: then the session ends.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -27,6 +28,9 @@ fn stack() -> &'static LocalStack {
             operator_env: vec![
                 ("HANGAR_IDLE_SECOND_MILLIS".into(), "50".into()),
                 ("HANGAR_STOP_AFTER_SECOND_MILLIS".into(), "1".into()),
+                // The 7-day limit on a pause, as 6 s (the other tests here
+                // pause for less).
+                ("HANGAR_MAX_PAUSE_SECONDS".into(), "6".into()),
             ],
             ..Default::default()
         };
@@ -134,4 +138,28 @@ async fn the_hard_stop_counts_compute_across_a_pause_and_ends_the_session() {
     // Had the pause counted, it would have ended about 3.6 s in.
     assert!(wall >= Duration::from_millis(3600 + 4000 - 500), "the 4 s pause was not counted: {wall:?}");
     assert_eq!(status.attempts.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_paused_for_the_longest_pause_ends_and_is_reset() {
+    let stack = stack();
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, "long-pause").await;
+    let boxes: Api<Sandbox> = Api::namespaced(client, "long-pause");
+    let spec = json!({"idleTimeoutSeconds": 86400});
+    boxes.create(&PostParams::default(), &sessions::sandbox("sleepy", "commands", spec)).await.unwrap();
+    let s = sessions::wait_phase(stack, &boxes, "sleepy", Phase::Running).await;
+    let session = s.uid().unwrap();
+    sessions::set_state(&boxes, "sleepy", "Paused").await.unwrap();
+    sessions::wait_phase(stack, &boxes, "sleepy", Phase::Paused).await;
+    let paused_at = Instant::now();
+    let s = sessions::wait_phase(stack, &boxes, "sleepy", Phase::Ended).await;
+    assert!(paused_at.elapsed() >= Duration::from_secs(5), "ended before the longest pause: {:?}", paused_at.elapsed());
+    let status = s.status.unwrap();
+    assert_eq!(status.stop_reason.as_deref(), Some("paused_too_long"));
+    let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
+    assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"]);
+    let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
+    let instances = hangar_e2e::ec2::session_instances(&ec2, &session).await;
+    assert!(instances.iter().all(|(_, st)| *st == aws_sdk_ec2::types::InstanceStateName::Terminated));
 }

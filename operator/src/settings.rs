@@ -104,6 +104,9 @@ pub struct Settings {
     /// seconds either way.
     #[arg(long, env = "HANGAR_STOP_AFTER_SECOND_MILLIS", default_value_t = 1000)]
     pub stop_after_second_millis: u64,
+    /// The longest a session stays paused before it ends (7 days).
+    #[arg(long, env = "HANGAR_MAX_PAUSE_SECONDS", default_value_t = 7 * 86_400)]
+    pub max_pause_seconds: u64,
     #[arg(long)]
     pub print_settings: bool,
 }

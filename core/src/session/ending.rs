@@ -24,6 +24,8 @@ pub enum StopReason {
     IdleTimeout,
     /// The metered compute reached `stopAfterSeconds`.
     StopAfter,
+    /// Paused for the longest a session may stay paused (7 days).
+    PausedTooLong,
 }
 
 impl StopReason {
@@ -40,6 +42,7 @@ impl StopReason {
             Self::TemplateNotFound(_) => "template_not_found",
             Self::IdleTimeout => "idle_timeout",
             Self::StopAfter => "stop_after",
+            Self::PausedTooLong => "paused_too_long",
         }
     }
 

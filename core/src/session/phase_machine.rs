@@ -77,6 +77,8 @@ pub struct Observed {
     /// `stopAfterSeconds` in real time: the metered compute of all attempts
     /// at which the session ends (`None`: no hard stop).
     pub stop_after: Option<Duration>,
+    /// The longest a session stays paused before it ends (7 days).
+    pub max_pause: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -362,8 +364,19 @@ fn pausing(p: &mut Plan, obs: &Observed) {
 }
 
 fn paused(p: &mut Plan, obs: &Observed) {
+    if let Desired::End(reason) = &obs.desired {
+        return begin_stop(p, obs, reason);
+    }
+    // Paused since the last attempt ended: after the longest pause, the end.
+    if let Some(since) = p.status.attempts.iter().rev().find_map(|a| a.ended_at.as_ref()).map(|t| t.0) {
+        let paused_for = Duration::from_secs((obs.now.as_second() - since.as_second()).max(0) as u64);
+        if paused_for >= obs.max_pause {
+            return begin_stop(p, obs, &StopReason::PausedTooLong);
+        }
+        p.requeue_after = Some(obs.max_pause - paused_for);
+    }
     match &obs.desired {
-        Desired::End(reason) => begin_stop(p, obs, reason),
+        Desired::End(_) => {}
         Desired::Run => {
             // This very request already failed to start the instance, or
             // was paused for idle: stay paused until a new one (no attempt
@@ -503,6 +516,7 @@ mod tests {
             resume_request: "1/".into(),
             idle: None,
             stop_after: None,
+            max_pause: Duration::from_secs(7 * 86_400),
         }
     }
 
@@ -587,6 +601,25 @@ mod tests {
 
         // Called again before the stop shows: no second StopInstances.
         assert!(plan(&p3.status, &o).actions.is_empty());
+    }
+
+    #[test]
+    fn a_session_paused_for_seven_days_ends() {
+        let mut s = SandboxStatus { attempt: Some(1), ..status(Phase::Paused) };
+        s.attempts.push(Attempt {
+            number: 1,
+            cause: AttemptCause::Launch,
+            started_at: Some(Time(at(0))),
+            ended_at: Some(Time(at(100))),
+            end: Some(AttemptEnd::Paused),
+            compute_seconds: 100,
+        });
+        let o = |now| Observed { desired: Desired::Pause, instance: Some(InstanceState::Stopped), ..obs(now) };
+        let day6 = plan(&s, &o(100 + 6 * 86_400));
+        assert_eq!(day6.status.phase, Some(Phase::Paused));
+        assert_eq!(day6.requeue_after, Some(Duration::from_secs(86_400)), "wakes at the end of day 7");
+        let day7 = plan(&s, &o(100 + 7 * 86_400));
+        assert_eq!(day7.status.stop_reason.as_deref(), Some("paused_too_long"));
     }
 
     #[test]

@@ -211,6 +211,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
                 .spec
                 .stop_after_seconds
                 .map(|s| ctx.settings.stop_after_second() * s.clamp(0, u32::MAX as i64) as u32),
+            max_pause: Duration::from_secs(ctx.settings.max_pause_seconds),
         },
         instance,
         volume,
