@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::acting::Acting;
 use crate::error::ApiError;
+use crate::hex::sha256_hex;
 
 /// Annotation holding the SHA-256 of the Idempotency-Key (never the key).
 pub const IDEMPOTENCY_ANNOTATION: &str = "hangar.dev/idempotency-key-sha256";
@@ -50,14 +51,8 @@ pub fn parse(body: &[u8]) -> Result<NewCommand, ApiError> {
 /// caller's own, so another caller reusing it (or guessing it) sends a
 /// command of its own instead of replaying, or learning of, someone else's.
 pub fn name_for_key(session_id: &str, caller: &str, key: &str) -> (String, String) {
-    let d = ring::digest::digest(&ring::digest::SHA256, format!("{session_id}\u{0}{caller}\u{0}{key}").as_bytes());
-    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    let key_hex: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    (format!("cmd-{}", &hex[..24]), key_hex)
+    let hex = sha256_hex(format!("{session_id}\u{0}{caller}\u{0}{key}").as_bytes());
+    (format!("cmd-{}", &hex[..24]), sha256_hex(key.as_bytes()))
 }
 
 fn manifest(sandbox: &Sandbox, req: &NewCommand, name: Option<(String, String)>) -> Command {

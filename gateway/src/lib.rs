@@ -17,6 +17,7 @@ pub mod acting;
 pub mod auth;
 pub mod commands;
 pub mod error;
+pub mod hex;
 pub mod index;
 pub mod openapi;
 pub mod output;

@@ -24,6 +24,7 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::hex::hex;
 
 /// `jti`s remembered at once by one replica.
 const CAPACITY: usize = 1_000_000;
@@ -61,10 +62,6 @@ pub struct Claim {
 pub struct Answer {
     pub fresh: bool,
     pub mac: String,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn claim_mac(key: &hmac::Key, jti: &str, at: i64, nonce: &str) -> String {

@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use crate::acting::Acting;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::hex::sha256_hex;
 use crate::routes::Gateway;
 use crate::views;
 use axum::http::StatusCode;
@@ -46,10 +47,6 @@ pub async fn current(gw: &Gateway, session: &Sandbox) -> Result<Sandbox, ApiErro
         .await?
         .filter(|s| s.uid() == session.uid())
         .ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, "the session is gone"))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes).as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The fields a Sandbox spec has (its CRD schema's).

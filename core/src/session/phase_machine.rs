@@ -603,17 +603,22 @@ mod tests {
         assert!(plan(&p3.status, &o).actions.is_empty());
     }
 
-    #[test]
-    fn a_session_paused_for_seven_days_ends() {
-        let mut s = SandboxStatus { attempt: Some(1), ..status(Phase::Paused) };
-        s.attempts.push(Attempt {
+    /// Attempt 1: ran 0–100 s, then paused.
+    fn first_attempt_paused_at_100() -> Attempt {
+        Attempt {
             number: 1,
             cause: AttemptCause::Launch,
             started_at: Some(Time(at(0))),
             ended_at: Some(Time(at(100))),
             end: Some(AttemptEnd::Paused),
             compute_seconds: 100,
-        });
+        }
+    }
+
+    #[test]
+    fn a_session_paused_for_seven_days_ends() {
+        let mut s = SandboxStatus { attempt: Some(1), ..status(Phase::Paused) };
+        s.attempts.push(first_attempt_paused_at_100());
         let o = |now| Observed { desired: Desired::Pause, instance: Some(InstanceState::Stopped), ..obs(now) };
         let day6 = plan(&s, &o(100 + 6 * 86_400));
         assert_eq!(day6.status.phase, Some(Phase::Paused));
@@ -625,14 +630,7 @@ mod tests {
     #[test]
     fn the_hard_stop_counts_compute_across_attempts_not_pauses() {
         let mut s = SandboxStatus { attempt: Some(2), ..status(Phase::Running) };
-        s.attempts.push(Attempt {
-            number: 1,
-            cause: AttemptCause::Launch,
-            started_at: Some(Time(at(0))),
-            ended_at: Some(Time(at(100))),
-            end: Some(AttemptEnd::Paused),
-            compute_seconds: 100,
-        });
+        s.attempts.push(first_attempt_paused_at_100());
         // Resumed at t=1000 (900 s paused, not counted).
         s.attempts.push(Attempt {
             number: 2,
