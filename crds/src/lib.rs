@@ -21,8 +21,8 @@ pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job
 pub use error_code::ErrorCode;
 pub use sandbox::{
     Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion, DesiredState,
-    Egress, IdleAction, IdlePolicy, Mode, PauseProgress, Phase, ResetStepStatus, ResumeFailure, Sandbox, SandboxSpec,
-    SandboxStatus, Size,
+    Egress, IdleAction, IdlePolicy, Interruption, InterruptionCause, Mode, PauseProgress, Phase, ResetStepStatus,
+    ResumeFailure, Sandbox, SandboxSpec, SandboxStatus, Size,
 };
 pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
 pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};

@@ -253,6 +253,16 @@ pub struct SandboxStatus {
     /// A new request resumes it (the gateway's resume route makes one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_paused_request: Option<String>,
+    /// Every interruption of the session, oldest first: the attempt it
+    /// ended, why, when it was seen and when the session recovered. The
+    /// last one without `recoveredAt` is in progress (phase interrupted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interruptions: Vec<Interruption>,
+    /// When EC2 warned (EventBridge, spot interruption warning) that the
+    /// current instance is about to be reclaimed: a stop that follows is an
+    /// interruption even while pausing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_warned_at: Option<Time>,
     /// Reset steps confirmed so far, in order (phases stopping,
     /// reset_incomplete, ended, failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -289,6 +299,40 @@ pub struct ResumeFailure {
     pub at: Option<Time>,
     /// Why, as EC2 said it.
     pub reason: String,
+}
+
+/// One interruption: the instance stopped or vanished, or its worker went
+/// silent, and nobody asked for a pause.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Interruption {
+    /// The attempt it ended.
+    pub attempt: i64,
+    pub cause: InterruptionCause,
+    pub detected_at: Time,
+    /// The worker's last heartbeat before it: compute is metered to here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_at: Option<Time>,
+    /// Worker lost: when the instance was stopped to be started again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_requested_at: Option<Time>,
+    /// When StartInstances was last asked for the recovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_requested_at: Option<Time>,
+    /// When the recovery attempt ran with its worker reporting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_at: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InterruptionCause {
+    /// The instance stopped under the session (a spot reclamation).
+    Reclaimed,
+    /// The instance runs but its worker stopped reporting.
+    WorkerLost,
+    /// The instance was terminated or is gone.
+    HostLost,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

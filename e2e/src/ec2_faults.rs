@@ -1,8 +1,16 @@
 //! A loopback proxy in front of moto that injects EC2 API errors
 //! (throttling, capacity, bad configuration) for the calls a test names,
-//! and forwards everything else untouched. It records every call it sees.
+//! and forwards everything else. It records every call it sees.
+//!
+//! It also plays EC2's in-between states, which moto skips (its stop,
+//! start and terminate are instant): with a transition delay, an instance
+//! reads `pending` after RunInstances or StartInstances, `stopping` after
+//! StopInstances and `shutting-down` after TerminateInstances in every
+//! DescribeInstances through the proxy, for that long.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +38,9 @@ pub struct Seen {
     pub at: std::time::Instant,
 }
 
+/// Instance id → (state name, state code, until) while in transition.
+type Transitions = Arc<Mutex<HashMap<String, (&'static str, u16, Instant)>>>;
+
 pub struct FaultProxy {
     pub port: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
@@ -51,6 +62,12 @@ impl Drop for FaultProxy {
 
 impl FaultProxy {
     pub fn start(upstream_port: u16) -> Self {
+        Self::start_with_transitions(upstream_port, Duration::ZERO)
+    }
+
+    /// A proxy whose instances spend `delay` in each in-between state.
+    pub fn start_with_transitions(upstream_port: u16, delay: Duration) -> Self {
+        let transitions: Transitions = Arc::default();
         let port = free_port();
         let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -68,7 +85,8 @@ impl FaultProxy {
                         tokio::select! {
                             accepted = listener.accept() => {
                                 let Ok((sock, _)) = accepted else { continue };
-                                tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone()));
+                                let t = (delay, transitions.clone());
+                                tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone(), t));
                             }
                             _ = &mut stopped => return,
                         }
@@ -124,7 +142,13 @@ async fn read_request(sock: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)
     Ok((head, body))
 }
 
-async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>>>, seen: Arc<Mutex<Vec<Seen>>>) {
+async fn handle(
+    mut sock: TcpStream,
+    upstream: u16,
+    faults: Arc<Mutex<Vec<Fault>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    (delay, transitions): (Duration, Transitions),
+) {
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
     let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or_default().to_owned();
@@ -139,9 +163,9 @@ async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>
             })
     };
     seen.lock().expect("seen").push(Seen {
-        action,
+        action: action.clone(),
         injected: injected.map(|i| i.0),
-        body: text,
+        body: text.clone(),
         at: std::time::Instant::now(),
     });
     if let Some((code, status)) = injected {
@@ -167,5 +191,93 @@ async fn handle(mut sock: TcpStream, upstream: u16, faults: Arc<Mutex<Vec<Fault>
     let _ = up.write_all(&body).await;
     let mut resp = Vec::new();
     let _ = up.read_to_end(&mut resp).await;
+    if !delay.is_zero() {
+        resp = in_between_states(&action, &text, resp, delay, &transitions);
+    }
     let _ = sock.write_all(&resp).await;
+}
+
+/// Records the transition a successful mutating call starts, and shows the
+/// ones under way in a DescribeInstances answer.
+fn in_between_states(
+    action: &str,
+    request: &str,
+    resp: Vec<u8>,
+    delay: Duration,
+    transitions: &Transitions,
+) -> Vec<u8> {
+    let Some(split) = resp.windows(4).position(|w| w == b"\r\n\r\n") else { return resp };
+    let (head, body) = (String::from_utf8_lossy(&resp[..split]).into_owned(), &resp[split + 4..]);
+    if !head.starts_with("HTTP/1.1 200") {
+        return resp;
+    }
+    let body = String::from_utf8_lossy(body).into_owned();
+    let until = Instant::now() + delay;
+    let mut t = transitions.lock().expect("transitions");
+    t.retain(|_, (_, _, u)| *u > Instant::now());
+    let state = match action {
+        "StopInstances" => Some(("stopping", 64)),
+        "StartInstances" => Some(("pending", 0)),
+        "TerminateInstances" => Some(("shutting-down", 32)),
+        _ => None,
+    };
+    if let Some((name, code)) = state {
+        for kv in request.split('&') {
+            if let Some((k, id)) = kv.split_once('=')
+                && k.starts_with("InstanceId.")
+            {
+                t.insert(id.to_owned(), (name, code, until));
+            }
+        }
+        return resp;
+    }
+    if action == "RunInstances" {
+        for id in body.split("<instanceId>").skip(1).filter_map(|r| r.split_once("</instanceId>")).map(|r| r.0) {
+            t.insert(id.to_owned(), ("pending", 0, until));
+        }
+        return resp;
+    }
+    if action != "DescribeInstances" || t.is_empty() {
+        return resp;
+    }
+    let overrides: HashMap<&str, (&str, u16)> = t.iter().map(|(id, (n, c, _))| (id.as_str(), (*n, *c))).collect();
+    let body = rewrite_states(&body, &overrides);
+    let head: String = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+/// Replaces the `<instanceState>` of each named instance in a
+/// DescribeInstances body.
+fn rewrite_states(body: &str, overrides: &HashMap<&str, (&str, u16)>) -> String {
+    let mut out = body.to_owned();
+    for (id, (name, code)) in overrides {
+        let Some(at) = out.find(&format!("<instanceId>{id}</instanceId>")) else { continue };
+        let Some(start) = out[at..].find("<instanceState>").map(|i| at + i) else { continue };
+        let Some(end) = out[start..].find("</instanceState>").map(|i| start + i + "</instanceState>".len()) else {
+            continue;
+        };
+        out.replace_range(
+            start..end,
+            &format!("<instanceState><code>{code}</code><name>{name}</name></instanceState>"),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_named_instance_shows_its_in_between_state() {
+        let body = "<item><instanceId>i-1</instanceId><instanceState><code>80</code><name>stopped</name></instanceState></item>\
+                    <item><instanceId>i-2</instanceId><instanceState><code>16</code><name>running</name></instanceState></item>";
+        let out = rewrite_states(body, &HashMap::from([("i-1", ("stopping", 64))]));
+        assert!(out.contains("<instanceId>i-1</instanceId><instanceState><code>64</code><name>stopping</name>"));
+        assert!(out.contains("<instanceId>i-2</instanceId><instanceState><code>16</code><name>running</name>"));
+    }
 }

@@ -126,6 +126,19 @@ impl NodeSimulator {
         crate::process::http_get(port, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
+    /// Kills a node's worker and keeps it down (a hung worker) until the
+    /// instance is powered off: a stop/start brings a fresh one.
+    /// Returns once that worker is gone.
+    pub fn hold_worker(&self, node: &str) {
+        let pid = self.pid(node, "worker");
+        let _ = std::fs::write(self.nodes_dir.join(node).join("worker.hold"), b"");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            assert!(std::time::Instant::now() < deadline, "the held worker of {node} did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The directory standing in for a workspace volume.
     pub fn volume_dir(&self, volume_id: &str) -> PathBuf {
         self.volumes_dir.join(volume_id)
@@ -170,11 +183,17 @@ async fn tick(
                     renew_node_lease(client, &node.name).await?;
                     node.lease_renewed = Some(std::time::Instant::now());
                 }
-                // A worker that died is restarted, as its DaemonSet would.
+                // A worker that died is restarted, as its DaemonSet would;
+                // one held (hung) stays down.
+                let held = cfg.nodes_dir.join(&node.name).join("worker.hold").exists();
+                if held && let Some(mut w) = node.worker.take() {
+                    w.kill();
+                }
                 if node.worker.as_mut().is_some_and(|w| w.check_alive().is_err()) {
                     node.worker = None;
                 }
                 if node.worker.is_none()
+                    && !held
                     && let Some(volume) = attached_volume(ec2, id).await?
                 {
                     let kubeconfig = worker_identity(client, cfg, &node.name).await?;
@@ -185,6 +204,7 @@ async fn tick(
             InstanceStateName::Stopping | InstanceStateName::Stopped => {
                 if let Some(node) = nodes.get_mut(id) {
                     power_off(node);
+                    let _ = std::fs::remove_file(cfg.nodes_dir.join(&node.name).join("worker.hold"));
                     if node.ready {
                         register(&node_api, &node.name, id, zone, false).await?;
                         node.ready = false;

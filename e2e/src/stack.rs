@@ -5,6 +5,7 @@
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::control_plane::ControlPlane;
+use crate::ec2_faults::FaultProxy;
 use crate::error::Result;
 use crate::gateway::{GatewayClient, GatewayProcess};
 use crate::moto::Moto;
@@ -21,6 +22,9 @@ pub struct LocalStack {
     /// A second gateway replica, peer of the first.
     pub gateway_replica: GatewayProcess,
     pub webhook: WebhookProcess,
+    /// In front of moto when the options ask for EC2's in-between states:
+    /// the operator and the node simulator both go through it.
+    pub ec2_proxy: Option<FaultProxy>,
     pub moto: Moto,
     pub cp: ControlPlane,
 }
@@ -32,6 +36,10 @@ pub struct StackOptions {
     pub operator_env: Vec<(String, String)>,
     /// How often simulated workers renew their heartbeat (default 500 ms).
     pub worker_heartbeat_ms: Option<u64>,
+    /// Put the fault proxy in front of moto, with instances spending this
+    /// long in pending, stopping and shutting-down (moto's own changes are
+    /// instant). `Some(Duration::ZERO)`: the proxy alone, for its faults.
+    pub ec2_transitions: Option<std::time::Duration>,
 }
 
 impl LocalStack {
@@ -48,11 +56,13 @@ impl LocalStack {
         apply_chart_parts(&cp, &CHART_IDENTITIES_AND_POLICIES)?;
         let webhook = WebhookProcess::start(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let operator = OperatorProcess::start(&cp, &moto.endpoint(), &env)?;
+        let ec2_proxy = opts.ec2_transitions.map(|d| FaultProxy::start_with_transitions(moto.port, d));
+        let ec2_endpoint = ec2_proxy.as_ref().map_or_else(|| moto.endpoint(), FaultProxy::endpoint);
+        let operator = OperatorProcess::start(&cp, &ec2_endpoint, &env)?;
         let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();
         let (gateway, gateway_replica) = (replicas.next().expect("replica 0"), replicas.next().expect("replica 1"));
         let sim = NodeSimulator::start(SimConfig {
-            ec2_endpoint: moto.endpoint(),
+            ec2_endpoint: ec2_endpoint.clone(),
             kubeconfig: cp.kubeconfig.clone(),
             worker_bin: workspace_binary("hangar-worker"),
             volumes_dir: cp.dir().join("volumes"),
@@ -64,7 +74,18 @@ impl LocalStack {
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
-        Ok(Self { sim, operator: Mutex::new(operator), gateway, gateway_replica, webhook, moto, cp })
+        Ok(Self { sim, operator: Mutex::new(operator), gateway, gateway_replica, webhook, ec2_proxy, moto, cp })
+    }
+
+    /// The EC2 endpoint the operator talks to (the proxy when there is one).
+    pub fn ec2_endpoint(&self) -> String {
+        self.ec2_proxy.as_ref().map_or_else(|| self.moto.endpoint(), FaultProxy::endpoint)
+    }
+
+    /// The fault proxy in front of moto (stacks started with
+    /// `ec2_transitions`).
+    pub fn ec2_proxy(&self) -> &FaultProxy {
+        self.ec2_proxy.as_ref().expect("a stack started with ec2_transitions")
     }
 
     /// The output store the simulated workers write to.

@@ -16,8 +16,13 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 struct Faulty {
-    proxy: FaultProxy,
     stack: LocalStack,
+}
+
+impl Faulty {
+    fn proxy(&self) -> &FaultProxy {
+        self.stack.ec2_proxy()
+    }
 }
 
 /// A stack whose operator reaches EC2 through the fault proxy.
@@ -25,12 +30,8 @@ fn faulty() -> &'static Faulty {
     static S: OnceLock<Faulty> = OnceLock::new();
     S.get_or_init(|| {
         let cp = ControlPlane::start().expect("control plane");
-        // The proxy forwards to this stack's moto, so the operator is
-        // pointed at it once both exist.
-        let stack = LocalStack::start(cp, StackOptions::default()).expect("stack");
-        let proxy = FaultProxy::start(stack.moto.port);
-        stack.operator().restart_with_endpoint(&proxy.endpoint()).expect("operator via proxy");
-        Faulty { proxy, stack }
+        let opts = StackOptions { ec2_transitions: Some(std::time::Duration::ZERO), ..Default::default() };
+        Faulty { stack: LocalStack::start(cp, opts).expect("stack") }
     })
 }
 
@@ -50,14 +51,14 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
     let f = faulty();
     // The Name tag (hangar-<namespace>-<name>) is in the RunInstances body.
     let marker = "hangar-faults-fallback";
-    f.proxy.inject(Fault {
+    f.proxy().inject(Fault {
         action: "RunInstances",
         body_contains: vec![marker.into()],
         code: "RequestLimitExceeded",
         status: 503,
         times: 2,
     });
-    f.proxy.inject(Fault {
+    f.proxy().inject(Fault {
         action: "RunInstances",
         body_contains: vec![marker.into(), "InstanceType=m7g.large".into()],
         code: "InsufficientInstanceCapacity",
@@ -69,7 +70,7 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
     let status = s.status.unwrap();
     assert_eq!(status.instance_type.as_deref(), Some("m6g.large"), "fell back to the second type of size small");
 
-    let calls: Vec<_> = f.proxy.seen(marker).into_iter().filter(|c| c.action == "RunInstances").collect();
+    let calls: Vec<_> = f.proxy().seen(marker).into_iter().filter(|c| c.action == "RunInstances").collect();
     let injected: Vec<Option<&str>> = calls.iter().map(|c| c.injected).collect();
     assert_eq!(
         injected,
@@ -96,7 +97,7 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
 async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     let f = faulty();
     let marker = "hangar-faults-badami";
-    f.proxy.inject(Fault {
+    f.proxy().inject(Fault {
         action: "RunInstances",
         body_contains: vec![marker.into()],
         code: "InvalidAMIID.NotFound",
@@ -112,7 +113,7 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
             phase,
             Some(Phase::Running),
             "launched past the injected fault; the proxy saw {:#?}",
-            f.proxy.seen(marker)
+            f.proxy().seen(marker)
         );
         phase == Some(Phase::Failed)
     })
@@ -143,14 +144,14 @@ async fn a_resume_that_cannot_start_the_instance_stays_paused_until_asked_again(
     sessions::set_state(&api, "noresume", "Paused").await.unwrap();
     sessions::wait_phase(&f.stack, &api, "noresume", Phase::Paused).await;
     // No capacity for the next two starts of this instance.
-    f.proxy.inject(Fault {
+    f.proxy().inject(Fault {
         action: "StartInstances",
         body_contains: vec![instance.clone()],
         code: "InsufficientInstanceCapacity",
         status: 500,
         times: 2,
     });
-    let starts = || f.proxy.seen(&instance).into_iter().filter(|c| c.action == "StartInstances").count();
+    let starts = || f.proxy().seen(&instance).into_iter().filter(|c| c.action == "StartInstances").count();
     sessions::set_state(&api, "noresume", "Running").await.unwrap();
     let s = sessions::wait_for(&f.stack, &api, "noresume", "resume failed", |s| {
         s.status.as_ref().is_some_and(|st| st.resume_failed.is_some() && st.phase == Some(Phase::Paused))

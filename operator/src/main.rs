@@ -10,7 +10,7 @@ use clap::Parser;
 use hangar_crds::output_keys;
 use hangar_operator::context::Context;
 use hangar_operator::ec2::watcher::InstanceWatcher;
-use hangar_operator::ec2::{Ec2, Ec2Settings};
+use hangar_operator::ec2::{Ec2, Ec2Settings, interruption_queue};
 use hangar_operator::keys::OrgKey;
 use hangar_operator::lifecycle;
 use hangar_operator::metrics::Metrics;
@@ -102,6 +102,10 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         instances.observe(i);
     }
     let (changes_tx, changes_rx) = tokio::sync::mpsc::channel(1024);
+    if let Some(queue_url) = settings.interruption_queue_url.clone() {
+        let sqs = interruption_queue::client(&settings.aws_region, settings.sqs_endpoint.as_deref()).await;
+        tokio::spawn(interruption_queue::run(sqs, queue_url, instances.clone(), changes_tx.clone()));
+    }
     tokio::spawn(instances.clone().run(ec2.clone(), settings.describe_interval(), changes_tx));
 
     let (nodes, node_writer) = reflector::store();

@@ -107,6 +107,26 @@ pub struct Settings {
     /// The longest a session stays paused before it ends (7 days).
     #[arg(long, env = "HANGAR_MAX_PAUSE_SECONDS", default_value_t = 7 * 86_400)]
     pub max_pause_seconds: u64,
+    /// A worker silent this long while its instance runs is lost: the
+    /// session is interrupted and its instance stopped and started again.
+    #[arg(long, env = "HANGAR_WORKER_LOST_SECONDS", default_value_t = 60)]
+    pub worker_lost_seconds: u64,
+    /// How long an interrupted session waits to run again before it ends
+    /// `outcome_unknown` (30 min).
+    #[arg(long, env = "HANGAR_RECOVERY_WINDOW_SECONDS", default_value_t = 1800)]
+    pub recovery_window_seconds: u64,
+    /// How often StartInstances is asked again for an interrupted session
+    /// while EC2 has no capacity.
+    #[arg(long, env = "HANGAR_RECOVERY_RETRY_SECONDS", default_value_t = 30)]
+    pub recovery_retry_seconds: u64,
+    /// SQS queue that EventBridge feeds with EC2 spot interruption warnings
+    /// and instance state-change notifications. Unset: EC2 state comes from
+    /// the batched DescribeInstances alone.
+    #[arg(long, env = "HANGAR_INTERRUPTION_QUEUE_URL")]
+    pub interruption_queue_url: Option<String>,
+    /// SQS endpoint override (moto in local runs).
+    #[arg(long, env = "HANGAR_SQS_ENDPOINT")]
+    pub sqs_endpoint: Option<String>,
     #[arg(long)]
     pub print_settings: bool,
 }

@@ -14,6 +14,9 @@ pub enum StopReason {
     AgentExited,
     /// The instance was terminated or vanished under the session.
     InstanceLost,
+    /// Interrupted and not recovered: mode agent (never recovers), or not
+    /// running again within the recovery window.
+    InterruptionLost,
     /// No instance could be launched (capacity in every type and zone).
     InsufficientCapacity(String),
     /// EC2 refused the launch for another reason.
@@ -37,6 +40,7 @@ impl StopReason {
             Self::Cancelled => "cancelled",
             Self::AgentExited => "agent_exited",
             Self::InstanceLost => "instance_lost",
+            Self::InterruptionLost => "interruption_lost",
             Self::InsufficientCapacity(_) => "insufficient_capacity",
             Self::LaunchFailed(_) => "launch_failed",
             Self::TemplateNotFound(_) => "template_not_found",

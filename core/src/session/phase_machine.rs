@@ -10,7 +10,10 @@
 
 use std::time::Duration;
 
-use hangar_crds::{Attempt, AttemptCause, AttemptEnd, Mode, PauseProgress, Phase, ResetStepStatus, SandboxStatus};
+use hangar_crds::{
+    Attempt, AttemptCause, AttemptEnd, Interruption, InterruptionCause, Mode, PauseProgress, Phase, ResetStepStatus,
+    SandboxStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -79,6 +82,21 @@ pub struct Observed {
     pub stop_after: Option<Duration>,
     /// The longest a session stays paused before it ends (7 days).
     pub max_pause: Duration,
+    /// When the worker last renewed its heartbeat for this session (any
+    /// attempt, fresh or not).
+    pub last_heartbeat: Option<Timestamp>,
+    /// A worker silent this long, its instance running, is lost (60 s).
+    /// `None`: the heartbeats are not known yet (e.g. just after a restart,
+    /// before the Lease cache has listed), so no worker is judged lost.
+    pub worker_lost_after: Option<Duration>,
+    /// How long an interrupted session waits to run again (30 min).
+    pub recovery_window: Duration,
+    /// How often StartInstances is asked again while it waits.
+    pub recovery_retry: Duration,
+    /// Commands marked running (or cancelling).
+    pub running_commands: usize,
+    /// EC2 warned that the instance is about to be reclaimed.
+    pub reclaim_warned: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +119,12 @@ pub enum Action {
     /// A normal StopInstances (the OS shuts down cleanly), never forced.
     StopInstance,
     StartInstance,
+    /// StartInstances for a recovery: capacity refusals are waited out
+    /// (asked again after `recovery_retry`), not a failed resume.
+    RecoverInstance,
+    /// Every command marked running ends `outcome_unknown` (it ran on an
+    /// attempt that was lost) and never runs again.
+    SettleInterruptedCommands,
     CancelQueuedCommands,
     TerminateInstance,
     DeleteVolume,
@@ -128,13 +152,7 @@ pub fn plan(current: &SandboxStatus, obs: &Observed) -> Plan {
         Phase::Paused => paused(&mut p, obs),
         Phase::Resuming => resuming(&mut p, obs),
         Phase::Stopping | Phase::ResetIncomplete => stopping(&mut p, obs),
-        // Interruption handling arrives with its own issue; until then an
-        // interrupted session can still be ended.
-        Phase::Interrupted => {
-            if let Desired::End(reason) = &obs.desired {
-                begin_stop(&mut p, obs, reason);
-            }
-        }
+        Phase::Interrupted => interrupted(&mut p, obs),
         Phase::Ended | Phase::Failed => {}
     }
     p
@@ -157,6 +175,7 @@ fn current_attempt(p: &mut Plan) -> Option<&mut Attempt> {
 }
 
 fn open_attempt(p: &mut Plan, cause: AttemptCause) {
+    p.status.reclaim_warned_at = None;
     let number = p.status.attempt.unwrap_or(0) + 1;
     p.status.attempt = Some(number);
     p.status.attempts.push(Attempt { number, cause, started_at: None, ended_at: None, end: None, compute_seconds: 0 });
@@ -177,6 +196,8 @@ fn end_attempt(p: &mut Plan, end: AttemptEnd, now: Timestamp) {
         return;
     }
     a.end = Some(end);
+    // Metered to `now`, never before the attempt started.
+    let now = a.started_at.as_ref().map_or(now, |s| now.max(s.0));
     a.ended_at = Some(ts(now));
     if let Some(start) = &a.started_at {
         a.compute_seconds = (now.as_second() - start.0.as_second()).max(0);
@@ -267,6 +288,9 @@ fn running(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
     }
+    if detect_interruption(p, obs, false) {
+        return;
+    }
     if let Some(limit) = obs.stop_after {
         let used = compute_used(p, obs.now);
         if used >= limit {
@@ -308,13 +332,209 @@ fn running(p: &mut Plan, obs: &Observed) {
             p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
         }
     }
+    // Look again when the worker would count as lost if it stays silent.
+    if let (Some(after), Some(hb)) = (obs.worker_lost_after, obs.last_heartbeat) {
+        let left = after.saturating_sub(elapsed(obs.now, hb)) + Duration::from_millis(100);
+        p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
+    }
     // Keep the pieces in place (e.g. a node relabelled by hand).
     bring_up(p, obs);
+}
+
+fn elapsed(now: Timestamp, since: Timestamp) -> Duration {
+    Duration::from_millis((now.as_millisecond() - since.as_millisecond()).max(0) as u64)
+}
+
+fn wait_at_most(p: &mut Plan, d: Duration) {
+    p.requeue_after = Some(p.requeue_after.map_or(d, |r| r.min(d)));
+}
+
+/// The current attempt's worker has been silent for `worker_lost_after`
+/// (counted from its last heartbeat, or from the attempt's start if it
+/// never renewed one since).
+fn worker_silent(p: &Plan, obs: &Observed) -> bool {
+    let Some(after) = obs.worker_lost_after else { return false };
+    let started = p.status.attempts.last().and_then(|a| a.started_at.as_ref()).map(|t| t.0);
+    let since = match (obs.last_heartbeat, started) {
+        (Some(hb), Some(s)) => hb.max(s),
+        (Some(hb), None) => hb,
+        (None, Some(s)) => s,
+        (None, None) => return false,
+    };
+    elapsed(obs.now, since) >= after
+}
+
+/// The Interruption section: while running (or pausing), an instance that
+/// stopped without hangar asking, that is gone, or that runs with its
+/// worker silent interrupts the session. Returns true when it took over.
+fn detect_interruption(p: &mut Plan, obs: &Observed, pausing: bool) -> bool {
+    use super::instance::InstanceState as S;
+    let our_stop = pausing && p.status.pause.as_ref().is_some_and(|pp| pp.stop_requested_at.is_some());
+    let cause = match obs.instance {
+        None | Some(S::ShuttingDown | S::Terminated) => InterruptionCause::HostLost,
+        // A stop hangar asked for is the pause, unless EC2 warned of a
+        // reclamation first: a reclamation while pausing is an interruption.
+        Some(S::Stopping | S::Stopped) if our_stop && p.status.reclaim_warned_at.is_none() => return false,
+        Some(S::Stopping | S::Stopped) => InterruptionCause::Reclaimed,
+        // While pausing the instance is stopped anyway.
+        Some(S::Running) if !pausing && worker_silent(p, obs) => InterruptionCause::WorkerLost,
+        _ => return false,
+    };
+    interrupt(p, obs, cause);
+    true
+}
+
+fn interrupt(p: &mut Plan, obs: &Observed, cause: InterruptionCause) {
+    let attempt = p.status.attempt.unwrap_or(1);
+    // Compute counts to the last heartbeat.
+    let started = current_attempt(p).and_then(|a| a.started_at.as_ref().map(|t| t.0));
+    let last_heartbeat = obs.last_heartbeat.filter(|hb| started.is_none_or(|s| *hb >= s) && *hb <= obs.now);
+    let end = match cause {
+        InterruptionCause::Reclaimed => AttemptEnd::Interrupted,
+        InterruptionCause::WorkerLost => AttemptEnd::WorkerLost,
+        InterruptionCause::HostLost => AttemptEnd::HostLost,
+    };
+    end_attempt(p, end, last_heartbeat.unwrap_or(obs.now));
+    p.status.interruptions.push(Interruption {
+        attempt,
+        cause,
+        detected_at: ts(obs.now),
+        last_heartbeat_at: last_heartbeat.map(ts),
+        stop_requested_at: None,
+        start_requested_at: None,
+        recovered_at: None,
+    });
+    p.status.pause = None;
+    p.status.idle_since = None;
+    p.status.reclaim_warned_at = None;
+    let why = match cause {
+        InterruptionCause::Reclaimed => "the instance stopped and nobody asked for a pause",
+        InterruptionCause::WorkerLost => "the worker stopped reporting while the instance runs",
+        InterruptionCause::HostLost => "the instance is terminated or gone",
+    };
+    if cause == InterruptionCause::HostLost || obs.mode == Mode::Agent {
+        // Nothing to recover (host gone), or nothing that may be recovered
+        // (mode agent would start its command again from the beginning).
+        if obs.running_commands > 0 {
+            p.actions.push(Action::SettleInterruptedCommands);
+        }
+        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+        p.events.push(("Interrupted", format!("attempt {attempt}: {why}; the session ends")));
+        let reason =
+            if cause == InterruptionCause::HostLost { StopReason::InstanceLost } else { StopReason::InterruptionLost };
+        return begin_stop(p, obs, &reason);
+    }
+    set_phase(p, Phase::Interrupted, "Interrupted", format!("attempt {attempt}: {why}; recovering"));
+    interrupted(p, obs);
+}
+
+/// Phase interrupted (mode commands): worker lost → stop the instance, then
+/// start it; stopped → start it (or wait for EC2 to) within the recovery
+/// window; running again with its worker reporting → recovered as a new
+/// attempt (cause `recovery`); gone or not back in time → ended
+/// `outcome_unknown`. A pause asked for meanwhile ends in paused.
+fn interrupted(p: &mut Plan, obs: &Observed) {
+    use super::instance::InstanceState as S;
+    if obs.running_commands > 0 {
+        p.actions.push(Action::SettleInterruptedCommands);
+    }
+    if let Desired::End(reason) = &obs.desired {
+        return begin_stop(p, obs, reason);
+    }
+    let Some(mut int) = p.status.interruptions.last().cloned().filter(|i| i.recovered_at.is_none()) else {
+        // No record of it (an older operator's status): nothing to recover.
+        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+        return begin_stop(p, obs, &StopReason::InterruptionLost);
+    };
+    if obs.mode == Mode::Agent {
+        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+        return begin_stop(p, obs, &StopReason::InterruptionLost);
+    }
+    let waited = elapsed(obs.now, int.detected_at.0);
+    let lost = |p: &mut Plan, obs: &Observed, why: String| {
+        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+        p.events.push(("NotRecovered", why));
+        begin_stop(p, obs, &StopReason::InterruptionLost);
+    };
+    let recovery_open = current_attempt(p).is_some_and(|a| a.cause == AttemptCause::Recovery && a.end.is_none());
+    match obs.instance {
+        None | Some(S::ShuttingDown | S::Terminated) => {
+            end_attempt(p, AttemptEnd::HostLost, obs.now);
+            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+            return begin_stop(p, obs, &StopReason::InstanceLost);
+        }
+        Some(S::Stopped) => {
+            if recovery_open {
+                // It ran again and stopped again before the worker reported.
+                end_attempt(p, AttemptEnd::Interrupted, obs.now);
+            }
+            if obs.desired == Desired::Pause {
+                set_phase(p, Phase::Paused, "Paused", "interrupted while a pause was asked for; workspace kept".into());
+                return;
+            }
+            if waited >= obs.recovery_window {
+                let note = format!("not running again within {}s", obs.recovery_window.as_secs());
+                return lost(p, obs, note);
+            }
+            let asked = int.start_requested_at.as_ref().map(|t| elapsed(obs.now, t.0));
+            if asked.is_none_or(|a| a >= obs.recovery_retry) {
+                p.actions.push(Action::RecoverInstance);
+                int.start_requested_at = Some(ts(obs.now));
+                wait_at_most(p, obs.recovery_retry);
+            } else if let Some(a) = asked {
+                wait_at_most(p, obs.recovery_retry - a);
+            }
+            wait_at_most(p, obs.recovery_window - waited);
+        }
+        Some(S::Stopping) => wait_at_most(p, Duration::from_secs(1)),
+        Some(S::Pending) => {}
+        Some(S::Running) => {
+            let stopped_since = int.start_requested_at.is_some();
+            if int.cause == InterruptionCause::WorkerLost && !stopped_since && !recovery_open {
+                // Stop it (normally) and start it again; asked again if the
+                // stop has not shown after a retry interval.
+                let asked = int.stop_requested_at.as_ref().map(|t| elapsed(obs.now, t.0));
+                if asked.is_none_or(|a| a >= obs.recovery_retry) {
+                    p.actions.push(Action::StopInstance);
+                    int.stop_requested_at = Some(ts(obs.now));
+                }
+                wait_at_most(p, obs.recovery_retry);
+            } else {
+                // Running again: the recovery attempt.
+                if !recovery_open {
+                    open_attempt(p, AttemptCause::Recovery);
+                }
+                attempt_running(p, obs.now);
+                bring_up(p, obs);
+                if attempt_ready(p, obs) {
+                    int.recovered_at = Some(ts(obs.now));
+                    let n = p.status.attempt.unwrap_or(0);
+                    set_phase(p, Phase::Running, "Recovered", format!("attempt {n} running (cause recovery)"));
+                } else if waited >= obs.recovery_window {
+                    end_attempt(p, AttemptEnd::StartFailed, obs.now);
+                    let note = format!("not reporting again within {}s", obs.recovery_window.as_secs());
+                    if let Some(last) = p.status.interruptions.last_mut() {
+                        *last = int;
+                    }
+                    return lost(p, obs, note);
+                }
+            }
+        }
+    }
+    if let Some(last) = p.status.interruptions.last_mut() {
+        *last = int;
+    }
+    if p.status.phase == Some(Phase::Interrupted) {
+        wait_at_most(p, obs.recovery_window.saturating_sub(waited) + Duration::from_millis(100));
+    }
 }
 
 fn pausing(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
+    }
+    if detect_interruption(p, obs, true) {
+        return;
     }
     let attempt = p.status.attempt;
     let mut progress = p.status.pause.clone().unwrap_or_default();
@@ -330,13 +550,8 @@ fn pausing(p: &mut Plan, obs: &Observed) {
             set_phase(p, Phase::Paused, "Paused", "instance stopped; workspace volume kept".into());
             return;
         }
-        Some(InstanceState::Stopping) => {}
-        None | Some(InstanceState::ShuttingDown) | Some(InstanceState::Terminated) => {
-            p.status.pause = Some(progress);
-            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-            end_attempt(p, AttemptEnd::HostLost, obs.now);
-            return begin_stop(p, obs, &StopReason::InstanceLost);
-        }
+        // Gone: an interruption, taken over above.
+        Some(InstanceState::Stopping | InstanceState::ShuttingDown | InstanceState::Terminated) | None => {}
         Some(_) => {
             let waited = Duration::from_secs((obs.now.as_second() - requested.as_second()).max(0) as u64);
             if progress.stop_requested_at.is_none() {
@@ -517,6 +732,12 @@ mod tests {
             idle: None,
             stop_after: None,
             max_pause: Duration::from_secs(7 * 86_400),
+            last_heartbeat: None,
+            worker_lost_after: None,
+            recovery_window: Duration::from_secs(1800),
+            recovery_retry: Duration::from_secs(30),
+            running_commands: 0,
+            reclaim_warned: false,
         }
     }
 
@@ -528,6 +749,7 @@ mod tests {
             node_prepared: true,
             worker: Some(WorkerReport { attempt, workspace_closed: false }),
             agent: AgentState::Running,
+            last_heartbeat: Some(at(now)),
             ..obs(now)
         }
     }
@@ -702,6 +924,7 @@ mod tests {
             end: None,
             compute_seconds: 0,
         });
+        s.pause = Some(PauseProgress { stop_requested_at: Some(Time(at(120))), ..Default::default() });
         let o = Observed { desired: Desired::Pause, instance: Some(InstanceState::Stopped), ..obs(125) };
         let p = plan(&s, &o);
         assert_eq!(p.status.phase, Some(Phase::Paused));
@@ -818,5 +1041,137 @@ mod tests {
         let p = plan(&status(Phase::Ended), &Observed { desired: Desired::Run, ..obs(0) });
         assert_eq!(p.status.phase, Some(Phase::Ended));
         assert!(p.actions.is_empty());
+    }
+
+    /// Attempt 1 running since t=0, the worker's last heartbeat at t=100,
+    /// one command running.
+    fn running_attempt_1() -> SandboxStatus {
+        let mut s = SandboxStatus { attempt: Some(1), ..status(Phase::Running) };
+        s.attempts.push(Attempt {
+            number: 1,
+            cause: AttemptCause::Launch,
+            started_at: Some(Time(at(0))),
+            ended_at: None,
+            end: None,
+            compute_seconds: 0,
+        });
+        s
+    }
+
+    fn silent_since_100(now: i64) -> Observed {
+        Observed {
+            worker: None,
+            last_heartbeat: Some(at(100)),
+            worker_lost_after: Some(Duration::from_secs(60)),
+            running_commands: 1,
+            ..ready(now, 1)
+        }
+    }
+
+    #[test]
+    fn a_reclaimed_instance_interrupts_then_recovers_as_a_new_attempt() {
+        let s = running_attempt_1();
+        let o = Observed { instance: Some(InstanceState::Stopped), ..silent_since_100(130) };
+        let p = plan(&s, &o);
+        assert_eq!(p.status.phase, Some(Phase::Interrupted));
+        assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::Interrupted));
+        assert_eq!(p.status.attempts[0].compute_seconds, 100, "compute counts to the last heartbeat");
+        assert_eq!(p.actions, vec![Action::SettleInterruptedCommands, Action::RecoverInstance]);
+        let int = p.status.interruptions.last().unwrap();
+        assert_eq!((int.attempt, int.cause), (1, InterruptionCause::Reclaimed));
+        // Asked again only after the retry interval.
+        let o2 = Observed { running_commands: 0, ..o.clone() };
+        assert!(plan(&p.status, &Observed { now: at(140), ..o2.clone() }).actions.is_empty());
+        assert_eq!(plan(&p.status, &Observed { now: at(160), ..o2 }).actions, vec![Action::RecoverInstance]);
+        // Running again, worker of attempt 2 reporting: recovered.
+        let back = plan(&p.status, &Observed { running_commands: 0, ..ready(200, 2) });
+        assert_eq!(back.status.phase, Some(Phase::Running));
+        assert_eq!(back.status.attempt, Some(2));
+        assert_eq!(back.status.attempts[1].cause, AttemptCause::Recovery);
+        assert!(back.status.interruptions[0].recovered_at.is_some());
+        assert_eq!(back.events.last().unwrap().0, "Recovered");
+    }
+
+    #[test]
+    fn a_silent_worker_on_a_running_instance_means_stop_then_start() {
+        let s = running_attempt_1();
+        // Silent 59 s: not yet; the requeue is when it would be lost.
+        let early = plan(&s, &silent_since_100(159));
+        assert_eq!(early.status.phase, Some(Phase::Running));
+        assert_eq!(early.requeue_after, Some(Duration::from_millis(1100)));
+        let p = plan(&s, &silent_since_100(160));
+        assert_eq!(p.status.phase, Some(Phase::Interrupted));
+        assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::WorkerLost));
+        assert_eq!(p.actions, vec![Action::SettleInterruptedCommands, Action::StopInstance]);
+        // Stopping, then stopped: started again.
+        let o = Observed { running_commands: 0, ..silent_since_100(165) };
+        assert!(plan(&p.status, &Observed { instance: Some(InstanceState::Stopping), ..o.clone() }).actions.is_empty());
+        let p2 = plan(&p.status, &Observed { instance: Some(InstanceState::Stopped), ..o });
+        assert_eq!(p2.actions, vec![Action::RecoverInstance]);
+        let back = plan(&p2.status, &ready(200, 2));
+        assert_eq!(back.status.phase, Some(Phase::Running));
+        assert_eq!(back.status.attempts[1].cause, AttemptCause::Recovery);
+    }
+
+    #[test]
+    fn no_worker_is_judged_lost_while_the_heartbeats_are_unknown() {
+        let o = Observed { worker_lost_after: None, ..silent_since_100(1000) };
+        assert_eq!(plan(&running_attempt_1(), &o).status.phase, Some(Phase::Running));
+    }
+
+    #[test]
+    fn a_terminated_instance_ends_the_session_outcome_unknown() {
+        let o = Observed { instance: Some(InstanceState::Terminated), ..silent_since_100(120) };
+        let p = plan(&running_attempt_1(), &o);
+        assert_eq!(p.status.phase, Some(Phase::Stopping));
+        assert_eq!(p.status.outcome.as_deref(), Some("outcome_unknown"));
+        assert_eq!(p.status.stop_reason.as_deref(), Some("instance_lost"));
+        assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::HostLost));
+        assert_eq!(p.actions[0], Action::SettleInterruptedCommands);
+    }
+
+    #[test]
+    fn not_running_again_within_the_window_ends_the_session() {
+        let o = Observed { instance: Some(InstanceState::Stopped), ..silent_since_100(130) };
+        let p = plan(&running_attempt_1(), &o);
+        let late = Observed { now: at(130 + 1800), running_commands: 0, ..o };
+        let end = plan(&p.status, &late);
+        assert_eq!(end.status.phase, Some(Phase::Stopping));
+        assert_eq!(end.status.stop_reason.as_deref(), Some("interruption_lost"));
+        assert_eq!(end.status.outcome.as_deref(), Some("outcome_unknown"));
+        assert_eq!(end.status.attempts.len(), 1, "no attempt opened for a start that never ran");
+    }
+
+    #[test]
+    fn mode_agent_is_never_recovered() {
+        for instance in [InstanceState::Stopped, InstanceState::Running] {
+            let o = Observed { mode: Mode::Agent, instance: Some(instance), ..silent_since_100(170) };
+            let p = plan(&running_attempt_1(), &o);
+            assert_eq!(p.status.phase, Some(Phase::Stopping), "{instance:?}");
+            assert_eq!(p.status.stop_reason.as_deref(), Some("interruption_lost"));
+            assert_eq!(p.status.outcome.as_deref(), Some("outcome_unknown"));
+        }
+    }
+
+    #[test]
+    fn a_reclamation_while_pausing_is_an_interruption_not_a_pause() {
+        let mut s = running_attempt_1();
+        s.phase = Some(Phase::Pausing);
+        s.pause = Some(PauseProgress { requested_at: Some(Time(at(90))), ..Default::default() });
+        let o = Observed { desired: Desired::Pause, instance: Some(InstanceState::Stopped), ..silent_since_100(110) };
+        let p = plan(&s, &o);
+        assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::Interrupted));
+        // The pause asked for is where it lands: paused, workspace kept.
+        assert_eq!(p.status.phase, Some(Phase::Paused));
+        assert_eq!(p.status.interruptions.len(), 1);
+        // Our own stop is the pause...
+        let mut ours = s.clone();
+        ours.pause.as_mut().unwrap().stop_requested_at = Some(Time(at(100)));
+        let p = plan(&ours, &o);
+        assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::Paused));
+        assert!(p.status.interruptions.is_empty());
+        // ...unless EC2 warned of a reclamation first.
+        ours.reclaim_warned_at = Some(Time(at(95)));
+        assert_eq!(plan(&ours, &o).status.attempts[0].end, Some(AttemptEnd::Interrupted));
     }
 }

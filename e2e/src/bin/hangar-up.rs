@@ -28,7 +28,11 @@ fn run() -> hangar_e2e::Result<()> {
     let cp = ControlPlane::start_in(RunDir::fixed(dir.clone())?, true)?;
     eprintln!("hangar-up: control plane ready at {}; CRDs installed", cp.server);
     eprintln!("hangar-up: starting moto (EC2 + S3), the webhook, the operator, the gateway and the node simulator");
-    let mut stack = LocalStack::start(cp, StackOptions::default())?;
+    // EC2's in-between states (pending, stopping, shutting-down) last 1 s,
+    // so `kubectl get sbx -w` shows launching, pausing and resuming as a
+    // real cluster would (moto's own changes are instant).
+    let opts = StackOptions { ec2_transitions: Some(std::time::Duration::from_secs(1)), ..Default::default() };
+    let mut stack = LocalStack::start(cp, opts)?;
     eprintln!("hangar-up: waiting for the operator to be ready (organisation key loaded, EC2 described)");
     stack.operator().wait_ready(std::time::Duration::from_secs(180))?;
 
@@ -36,7 +40,7 @@ fn run() -> hangar_e2e::Result<()> {
     println!("hangar local stack is up. In another shell:");
     println!();
     println!("  export KUBECONFIG={}", stack.cp.kubeconfig.display());
-    println!("  export AWS_ENDPOINT_URL={}", stack.moto.endpoint());
+    println!("  export AWS_ENDPOINT_URL={}", stack.ec2_endpoint());
     println!("  kubectl get crd | grep hangar.dev");
     println!("  kubectl apply -f examples/");
     println!("  kubectl get sbx -w");

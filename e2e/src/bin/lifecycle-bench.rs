@@ -41,6 +41,7 @@ fn main() {
                 ("HANGAR_ORPHAN_SWEEP_SECONDS".into(), "300".into()),
             ],
             worker_heartbeat_ms: Some(2000),
+            ec2_transitions: None,
         },
     )
     .expect("stack");

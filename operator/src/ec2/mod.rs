@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod instances;
+pub mod interruption_queue;
 pub mod tags;
 pub mod user_data;
 pub mod volumes;

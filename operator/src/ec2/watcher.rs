@@ -25,6 +25,8 @@ struct Inner {
     /// that started before that must not overwrite it with older news.
     local_updates: RwLock<HashMap<String, std::time::Instant>>,
     refresh: Notify,
+    /// Instances EC2 warned are about to be reclaimed (EventBridge).
+    reclaim_warned: RwLock<std::collections::HashSet<String>>,
 }
 
 impl Default for InstanceWatcher {
@@ -34,6 +36,7 @@ impl Default for InstanceWatcher {
                 by_session: RwLock::default(),
                 local_updates: RwLock::default(),
                 refresh: Notify::new(),
+                reclaim_warned: RwLock::default(),
             }),
         }
     }
@@ -76,6 +79,15 @@ impl InstanceWatcher {
             v.state = state;
             self.inner.local_updates.write().expect("lock").insert(instance_id.to_owned(), std::time::Instant::now());
         }
+    }
+
+    /// Records EC2's warning that an instance is about to be reclaimed.
+    pub fn warn_reclaim(&self, instance_id: &str) {
+        self.inner.reclaim_warned.write().expect("lock").insert(instance_id.to_owned());
+    }
+
+    pub fn reclaim_warned(&self, instance_id: &str) -> bool {
+        self.inner.reclaim_warned.read().expect("lock").contains(instance_id)
     }
 
     /// True while some instance is between states (pending, stopping,

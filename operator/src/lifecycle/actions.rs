@@ -88,11 +88,47 @@ pub async fn execute(
                 let ms = (Timestamp::now().as_millisecond() - closed.as_millisecond()).max(0) as u64;
                 ctx.metrics.workspace_closed_to_stop(ms);
             }
-            let state = ctx.ec2.stop(&id).await?;
-            ctx.instances.set_state(&id, state);
-            ctx.instances.request_refresh();
-            Ok(())
+            match ctx.ec2.stop(&id).await {
+                Ok(state) => {
+                    ctx.instances.set_state(&id, state);
+                    ctx.instances.request_refresh();
+                    Ok(())
+                }
+                Err(e) => {
+                    // Not asked after all: the next pass asks again.
+                    if let Some(p) = status.pause.as_mut() {
+                        p.stop_requested_at = None;
+                    }
+                    if let Some(i) = open_interruption(status) {
+                        i.stop_requested_at = None;
+                    }
+                    Err(e.into())
+                }
+            }
         }
+        Action::RecoverInstance => {
+            let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
+            match ctx.ec2.start(&id).await {
+                Ok(state) => {
+                    ctx.instances.set_state(&id, state);
+                    ctx.instances.request_refresh();
+                    Ok(())
+                }
+                // No capacity now (or still stopping): asked again after the
+                // retry interval, until the recovery window closes.
+                Err(e) if e.is(Ec2ErrorKind::InsufficientCapacity) || e.is(Ec2ErrorKind::IncorrectState) => {
+                    tracing::info!(error = %e, "the interrupted instance did not start yet; waiting");
+                    Ok(())
+                }
+                Err(e) => {
+                    if let Some(i) = open_interruption(status) {
+                        i.start_requested_at = None;
+                    }
+                    Err(e.into())
+                }
+            }
+        }
+        Action::SettleInterruptedCommands => settle_commands(ctx, s, status, Settle::RunningOnly).await,
         Action::StartInstance => {
             let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
             match ctx.ec2.start(&id).await {
@@ -110,7 +146,7 @@ pub async fn execute(
                 Err(e) => Err(e.into()),
             }
         }
-        Action::CancelQueuedCommands => cancel_queued_commands(ctx, s).await,
+        Action::CancelQueuedCommands => settle_commands(ctx, s, status, Settle::All).await,
         Action::TerminateInstance => {
             // Only the agent Pod this session made: one someone else put
             // under its name is not ours to delete (the uid precondition
@@ -312,25 +348,54 @@ async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status:
     Ok(())
 }
 
-/// Reset step: every command not yet finished (queued, or still running on
-/// an instance being terminated) ends `cancelled`; a queued one never runs.
-/// Compare-and-swap, so a final status the worker wrote first stands.
-async fn cancel_queued_commands(ctx: &Context, s: &Session<'_>) -> Result<()> {
+/// The interruption in progress (not recovered), if any.
+fn open_interruption(status: &mut SandboxStatus) -> Option<&mut hangar_crds::Interruption> {
+    status.interruptions.last_mut().filter(|i| i.recovered_at.is_none())
+}
+
+enum Settle {
+    /// At an interruption: the commands marked running.
+    RunningOnly,
+    /// The reset step: every command not yet finished.
+    All,
+}
+
+/// Ends the session's unfinished commands, by compare-and-swap so a final
+/// status the worker wrote first stands:
+/// - one marked running on an attempt that was interrupted (its end is
+///   `interrupted`, `worker_lost` or `host_lost`) ends `outcome_unknown`:
+///   nobody can know what it did; it never runs again;
+/// - at the reset, every other unfinished one (queued, or running on an
+///   instance being terminated) ends `cancelled`; a queued one never runs.
+async fn settle_commands(ctx: &Context, s: &Session<'_>, status: &SandboxStatus, which: Settle) -> Result<()> {
+    use hangar_crds::AttemptEnd;
+    let lost = |attempt: Option<i64>| {
+        status.attempts.iter().any(|a| {
+            Some(a.number) == attempt
+                && matches!(a.end, Some(AttemptEnd::Interrupted | AttemptEnd::WorkerLost | AttemptEnd::HostLost))
+        })
+    };
     let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), s.namespace);
     let list = commands.list(&ListParams::default().fields(&format!("spec.sandbox={}", s.name))).await?;
     for c in list.items {
-        let finished = c.status.as_ref().and_then(|st| st.phase).is_some_and(CommandPhase::is_final);
-        let bound = c.status.as_ref().and_then(|st| st.sandbox_uid.as_deref());
+        let st = c.status.clone().unwrap_or_default();
+        let finished = st.phase.is_some_and(CommandPhase::is_final);
+        let bound = st.sandbox_uid.as_deref();
         if finished || bound.is_some_and(|uid| uid != s.session_id) {
             continue;
         }
-        // Bound to this session as it ends: no later Sandbox of the name
-        // can take it.
-        let status = json!({
-            "phase": "cancelled", "reason": "session_ended", "finishedAt": Time(Timestamp::now()),
-            "sandboxUid": s.session_id,
-        });
-        hangar_runtime::kube_ext::try_swap_status(&commands, &c, status).await?;
+        let running = matches!(st.phase, Some(CommandPhase::Running | CommandPhase::Cancelling));
+        let now = Time(Timestamp::now());
+        // Bound to this session: no later Sandbox of the name can take it.
+        let patch = if running && lost(st.attempt) {
+            let reason = format!("running when attempt {} was interrupted", st.attempt.unwrap_or(0));
+            json!({"phase": "outcome_unknown", "reason": reason, "finishedAt": now, "sandboxUid": s.session_id})
+        } else if matches!(which, Settle::All) {
+            json!({"phase": "cancelled", "reason": "session_ended", "finishedAt": now, "sandboxUid": s.session_id})
+        } else {
+            continue;
+        };
+        hangar_runtime::kube_ext::try_swap_status(&commands, &c, patch).await?;
     }
     Ok(())
 }

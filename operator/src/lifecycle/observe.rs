@@ -117,6 +117,10 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         });
     let stale = Duration::from_secs(ctx.settings.heartbeat_stale_seconds);
     let mut workspace_closed_at = None;
+    let last_heartbeat = lease.as_ref().and_then(|l| Some(l.spec.as_ref()?.renew_time.as_ref()?.0));
+    // Judged only once the Lease cache has listed: before that, a missing
+    // heartbeat says nothing about the worker.
+    let leases_known = matches!(futures::FutureExt::now_or_never(ctx.leases.wait_until_ready()), Some(Ok(())));
     let worker = lease.as_ref().and_then(|l| {
         let renewed = l.spec.as_ref()?.renew_time.as_ref()?.0;
         let age = now.as_second() - renewed.as_second();
@@ -212,6 +216,12 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
                 .stop_after_seconds
                 .map(|s| ctx.settings.stop_after_second() * s.clamp(0, u32::MAX as i64) as u32),
             max_pause: Duration::from_secs(ctx.settings.max_pause_seconds),
+            last_heartbeat,
+            worker_lost_after: leases_known.then(|| Duration::from_secs(ctx.settings.worker_lost_seconds)),
+            recovery_window: Duration::from_secs(ctx.settings.recovery_window_seconds),
+            recovery_retry: Duration::from_secs(ctx.settings.recovery_retry_seconds.max(1)),
+            running_commands: running_commands(ctx, sandbox),
+            reclaim_warned: instance.as_ref().is_some_and(|i| ctx.instances.reclaim_warned(&i.id)),
         },
         instance,
         volume,
@@ -220,18 +230,24 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     })
 }
 
+/// Commands of the session marked running or cancelling (watch cache).
+fn running_commands(ctx: &Context, sandbox: &Sandbox) -> usize {
+    ctx.commands
+        .state()
+        .iter()
+        .filter(|c| c.belongs_to(sandbox))
+        .filter(|c| {
+            matches!(c.status.as_ref().and_then(|s| s.phase), Some(CommandPhase::Running | CommandPhase::Cancelling))
+        })
+        .count()
+}
+
 /// Mode commands: whether the session is active (a command running, or a
 /// client attached within the last 30 idle-clock seconds) and its policy.
 fn idle(ctx: &Context, sandbox: &Sandbox, now: Timestamp) -> Option<hangar_core::session::phase_machine::Idle> {
     let policy = sandbox.spec.idle_policy()?;
     let second = ctx.settings.idle_second();
-    let running = ctx.commands.state().iter().any(|c| {
-        c.belongs_to(sandbox)
-            && matches!(
-                c.status.as_ref().and_then(|s| s.phase),
-                Some(hangar_crds::CommandPhase::Running | hangar_crds::CommandPhase::Cancelling)
-            )
-    });
+    let running = running_commands(ctx, sandbox) > 0;
     let attached = kube::ResourceExt::annotations(sandbox)
         .get(hangar_core::idle::ATTACHED_AT_ANNOTATION)
         .and_then(|t| t.parse::<Timestamp>().ok())
