@@ -12,6 +12,7 @@ pub mod control_plane;
 pub mod ec2;
 pub mod ec2_faults;
 pub mod error;
+pub mod eventbridge;
 pub mod gateway;
 pub mod moto;
 pub mod node_sim;

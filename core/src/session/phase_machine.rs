@@ -369,6 +369,10 @@ fn worker_silent(p: &Plan, obs: &Observed) -> bool {
 /// worker silent interrupts the session. Returns true when it took over.
 fn detect_interruption(p: &mut Plan, obs: &Observed, pausing: bool) -> bool {
     use super::instance::InstanceState as S;
+    if obs.reclaim_warned && p.status.reclaim_warned_at.is_none() {
+        p.status.reclaim_warned_at = Some(ts(obs.now));
+        p.events.push(("ReclaimWarning", "EC2 warned that the instance is about to be reclaimed".into()));
+    }
     let our_stop = pausing && p.status.pause.as_ref().is_some_and(|pp| pp.stop_requested_at.is_some());
     let cause = match obs.instance {
         None | Some(S::ShuttingDown | S::Terminated) => InterruptionCause::HostLost,
@@ -1171,7 +1175,12 @@ mod tests {
         assert_eq!(p.status.attempts[0].end, Some(AttemptEnd::Paused));
         assert!(p.status.interruptions.is_empty());
         // ...unless EC2 warned of a reclamation first.
-        ours.reclaim_warned_at = Some(Time(at(95)));
-        assert_eq!(plan(&ours, &o).status.attempts[0].end, Some(AttemptEnd::Interrupted));
+        let warned =
+            plan(&ours, &Observed { reclaim_warned: true, instance: Some(InstanceState::Running), ..o.clone() });
+        assert!(warned.status.reclaim_warned_at.is_some(), "the warning is recorded");
+        assert_eq!(warned.status.phase, Some(Phase::Pausing));
+        let after = plan(&warned.status, &o);
+        assert_eq!(after.status.attempts[0].end, Some(AttemptEnd::Interrupted));
+        assert_eq!(after.status.reclaim_warned_at, None, "spent with the run it was about");
     }
 }

@@ -156,6 +156,13 @@ impl InstanceWatcher {
                 next.insert(session, i);
             }
         }
+        // A warning is about the instance's current run: once it has
+        // stopped (or is gone) the warning is spent.
+        self.inner.reclaim_warned.write().expect("lock").retain(|id| {
+            next.values().any(|v| {
+                &v.id == id && !matches!(v.state, super::instances::InstanceState::Stopped) && !v.state.is_gone()
+            })
+        });
         let mut map = self.inner.by_session.write().expect("lock");
         // Keep what a mutating call reported after this describe began.
         for (session, old) in map.iter() {
