@@ -253,6 +253,12 @@ pub struct SandboxStatus {
     /// A new request resumes it (the gateway's resume route makes one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_paused_request: Option<String>,
+    /// When the running attempt's metered compute reaches
+    /// `stopAfterSeconds`. The worker hands it to the node (the file
+    /// `HARD_STOP_FILE_NAME` in its spool), whose own timer powers the
+    /// instance off then, whatever happens to the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hard_stop_at: Option<Time>,
     /// Every interruption of the session, oldest first: the attempt it
     /// ended, why, when it was seen and when the session recovered. The
     /// last one without `recoveredAt` is in progress (phase interrupted).
@@ -300,6 +306,10 @@ pub struct ResumeFailure {
     /// Why, as EC2 said it.
     pub reason: String,
 }
+
+/// The node-side hard-stop deadline's file in the worker's spool directory
+/// (Unix seconds; absent: no deadline).
+pub const HARD_STOP_FILE_NAME: &str = "hard-stop-at";
 
 /// One interruption: the instance stopped or vanished, or its worker went
 /// silent, and nobody asked for a pause.

@@ -183,6 +183,19 @@ async fn tick(
                     renew_node_lease(client, &node.name).await?;
                     node.lease_renewed = Some(std::time::Instant::now());
                 }
+                // The user data's hard-stop unit: at the deadline the worker
+                // handed it, the instance powers itself off (a stop, by its
+                // instance-initiated shutdown behaviour).
+                let deadline =
+                    cfg.nodes_dir.join(&node.name).join("spool").join(hangar_crds::sandbox::HARD_STOP_FILE_NAME);
+                if let Some(t) = std::fs::read_to_string(&deadline).ok().and_then(|t| t.trim().parse::<i64>().ok())
+                    && Timestamp::now().as_second() >= t
+                {
+                    tracing::info!(instance = id, "node simulator: hard-stop deadline reached; powering off");
+                    let _ = std::fs::remove_file(&deadline);
+                    ec2.stop_instances().instance_ids(id).send().await?;
+                    continue;
+                }
                 // A worker that died is restarted, as its DaemonSet would;
                 // one held (hung) stays down.
                 let held = cfg.nodes_dir.join(&node.name).join("worker.hold").exists();
@@ -204,7 +217,10 @@ async fn tick(
             InstanceStateName::Stopping | InstanceStateName::Stopped => {
                 if let Some(node) = nodes.get_mut(id) {
                     power_off(node);
+                    // What a boot clears: a hung worker, the last deadline.
                     let _ = std::fs::remove_file(cfg.nodes_dir.join(&node.name).join("worker.hold"));
+                    let dir = cfg.nodes_dir.join(&node.name).join("spool");
+                    let _ = std::fs::remove_file(dir.join(hangar_crds::sandbox::HARD_STOP_FILE_NAME));
                     if node.ready {
                         register(&node_api, &node.name, id, zone, false).await?;
                         node.ready = false;

@@ -11,10 +11,12 @@
 //! - `supervisor_link`: the worker's end of the supervisor socket;
 //! - `attempt_key`: the key an attempt's output is sealed under;
 //! - `workspace`: opening and closing `/workspace`;
+//! - `hard_stop`: the attempt's compute deadline, handed to the node;
 //! - `metrics`: its series on the admin server's `/metrics`.
 
 pub mod attempt_key;
 pub mod commands;
+pub mod hard_stop;
 pub mod metrics;
 pub mod supervisor_link;
 pub mod workspace;

@@ -191,6 +191,7 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     let (state_tx, state_rx) = watch::channel(commands::SessionState::default());
     let (drained_tx, mut drained_rx) = watch::channel(None);
     let mut runner_started = false;
+    let mut handed_deadline: Option<Option<i64>> = None;
     loop {
         tokio::select! {
             next = updates.next() => match next {
@@ -226,6 +227,13 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
             let (runner, incoming) = commands::Runner::new(session.clone(), client.clone(), rc, drained_tx.clone());
             tokio::spawn(runner.run(incoming, state_rx.clone()));
             runner_started = true;
+        }
+        let deadline = status.hard_stop_at.as_ref().map(|t| t.0.as_second());
+        if handed_deadline != Some(deadline) {
+            match hangar_worker::hard_stop::hand_to_node(&config.spool, deadline) {
+                Ok(()) => handed_deadline = Some(deadline),
+                Err(e) => tracing::warn!(error = %e, "could not hand the hard-stop deadline to the node; trying again"),
+            }
         }
         if matches!(status.phase, Some(Phase::Ended | Phase::Failed | Phase::Stopping | Phase::ResetIncomplete)) {
             continue;

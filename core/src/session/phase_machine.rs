@@ -155,7 +155,22 @@ pub fn plan(current: &SandboxStatus, obs: &Observed) -> Plan {
         Phase::Interrupted => interrupted(&mut p, obs),
         Phase::Ended | Phase::Failed => {}
     }
+    p.status.hard_stop_at = hard_stop_at(&p, obs);
     p
+}
+
+/// While an attempt runs under `stopAfterSeconds`: when its compute, added
+/// to the ended attempts', reaches the limit.
+fn hard_stop_at(p: &Plan, obs: &Observed) -> Option<Time> {
+    let limit = obs.stop_after?;
+    if !matches!(p.status.phase, Some(Phase::Launching | Phase::Running | Phase::Resuming | Phase::Interrupted)) {
+        return None;
+    }
+    let current = p.status.attempts.iter().find(|a| Some(a.number) == p.status.attempt && a.end.is_none())?;
+    let start = current.started_at.as_ref()?.0;
+    let before: i64 = p.status.attempts.iter().filter(|a| a.end.is_some()).map(|a| a.compute_seconds).sum();
+    let left = limit.as_millis() as i64 - before * 1000;
+    Some(ts(start.checked_add(k8s_openapi::jiff::SignedDuration::from_millis(left.max(0))).unwrap_or(start)))
 }
 
 fn ts(t: Timestamp) -> Time {
@@ -288,16 +303,21 @@ fn running(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
     }
-    if detect_interruption(p, obs, false) {
-        return;
-    }
+    // Before the interruption checks: at the limit the node stops itself,
+    // which is the hard stop, not a reclamation. The deadline the node was
+    // given counts as reached (metering in whole seconds may say a moment
+    // less).
     if let Some(limit) = obs.stop_after {
         let used = compute_used(p, obs.now);
-        if used >= limit {
+        let deadline_passed = p.status.hard_stop_at.as_ref().is_some_and(|t| obs.now >= t.0);
+        if used >= limit || deadline_passed {
             return begin_stop(p, obs, &StopReason::StopAfter);
         }
         let left = limit - used;
         p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
+    }
+    if detect_interruption(p, obs, false) {
+        return;
     }
     if obs.mode == Mode::Agent
         && let AgentState::Exited(code) = obs.agent
@@ -870,9 +890,20 @@ mod tests {
         let early = plan(&s, &Observed { stop_after: limit, ..ready(1040, 2) });
         assert_eq!(early.status.phase, Some(Phase::Running));
         assert_eq!(early.requeue_after, Some(Duration::from_secs(10)), "wakes when the limit comes");
+        assert_eq!(early.status.hard_stop_at, Some(Time(at(1050))), "the node's deadline: 1000 + (150 - 100)");
         let at_limit = plan(&s, &Observed { stop_after: limit, ..ready(1050, 2) });
         assert_eq!(at_limit.status.phase, Some(Phase::Stopping));
         assert_eq!(at_limit.status.stop_reason.as_deref(), Some("stop_after"));
+        assert_eq!(at_limit.status.hard_stop_at, None);
+        // The node stopped itself at the limit: that is the hard stop, not
+        // an interruption.
+        let stopped = Observed { stop_after: limit, instance: Some(InstanceState::Stopped), ..ready(1051, 2) };
+        assert_eq!(plan(&s, &stopped).status.stop_reason.as_deref(), Some("stop_after"));
+        // Also when whole-second metering says a moment less than the limit.
+        let mut given = s.clone();
+        given.hard_stop_at = Some(Time(at(1049)));
+        let early_stop = Observed { stop_after: limit, instance: Some(InstanceState::Stopped), ..ready(1049, 2) };
+        assert_eq!(plan(&given, &early_stop).status.stop_reason.as_deref(), Some("stop_after"));
     }
 
     #[test]

@@ -18,6 +18,14 @@ pub struct JoinConfig<'a> {
 
 const BOUNDARY: &str = "//hangar-nodeadm//";
 
+/// Where the worker writes when this attempt reaches `stopAfterSeconds`
+/// (Unix seconds), on the node's own disk (the worker's spool). A unit
+/// from the user data powers the instance off then — a stop, by the
+/// instance-initiated shutdown behaviour — so neither a lost operator nor a
+/// lost worker can let a session overrun its limit. The unit clears it at
+/// each boot: a resumed attempt gets its own deadline.
+pub const HARD_STOP_FILE: &str = "/var/lib/hangar/spool/hard-stop-at";
+
 pub fn render(c: &JoinConfig) -> String {
     let labels = c.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
     format!(
@@ -44,6 +52,24 @@ spec:
         effect: NoSchedule
     flags:
     - --node-labels={labels}
+\r
+--{BOUNDARY}\r
+Content-Type: text/cloud-config; charset=\"us-ascii\"\r
+\r
+#cloud-config
+write_files:
+- path: /etc/systemd/system/hangar-hard-stop.service
+  content: |
+    [Unit]
+    Description=hangar hard stop: power off when the session's compute limit comes
+    [Service]
+    ExecStartPre=/usr/bin/rm -f {HARD_STOP_FILE}
+    ExecStart=/usr/bin/bash -c 'while sleep 1; do t=$(cat {HARD_STOP_FILE} 2>/dev/null) || continue; [ -n \"$t\" ] && [ \"$(date +%%s)\" -ge \"$t\" ] && exec systemctl poweroff; done'
+    Restart=always
+    [Install]
+    WantedBy=multi-user.target
+runcmd:
+- [systemctl, enable, --now, hangar-hard-stop.service]
 \r
 --{BOUNDARY}--\r
 ",
