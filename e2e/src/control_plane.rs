@@ -120,6 +120,15 @@ impl ControlPlane {
         Ok(cp)
     }
 
+    /// kube-apiserver killed and started again (etcd keeps the state);
+    /// returns once it is ready.
+    pub fn restart_apiserver(&mut self) -> Result<()> {
+        self.apiserver.respawn()?;
+        let port: u16 = self.server.rsplit(':').next().and_then(|p| p.parse().ok()).expect("server port");
+        wait_until("kube-apiserver port", &mut self.apiserver, READY_TIMEOUT, || port_open(port))?;
+        self.wait_ready(false)
+    }
+
     pub fn dir(&self) -> &std::path::Path {
         &self.dir.path
     }

@@ -36,6 +36,15 @@ impl GatewayProcess {
         self.process.check_alive()
     }
 
+    /// Killed and started again on the same ports.
+    pub fn restart(&mut self) -> Result<()> {
+        self.process.respawn()?;
+        let (port, admin) = (self.port, self.admin_port);
+        wait_until("hangar-gateway /readyz", &mut self.process, Duration::from_secs(60), || {
+            port_open(port) && crate::process::http_get(admin, "/readyz").is_ok_and(|(s, _)| s == 200)
+        })
+    }
+
     pub fn start(cp: &ControlPlane, output_dir: &std::path::Path) -> Result<Self> {
         Self::start_with(cp, output_dir, &[])
     }

@@ -48,11 +48,48 @@ pub struct ChildProcess {
     pub name: String,
     pub log: PathBuf,
     child: Child,
+    /// How it was started (program, arguments, environment changes,
+    /// directory), so it can be started again the same way.
+    recipe: Recipe,
+}
+
+struct Recipe {
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    env: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
+    dir: Option<PathBuf>,
+}
+
+impl Recipe {
+    fn of(cmd: &Command) -> Self {
+        Self {
+            program: cmd.get_program().to_owned(),
+            args: cmd.get_args().map(ToOwned::to_owned).collect(),
+            env: cmd.get_envs().map(|(k, v)| (k.to_owned(), v.map(ToOwned::to_owned))).collect(),
+            dir: cmd.get_current_dir().map(Path::to_path_buf),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        if let Some(d) = &self.dir {
+            cmd.current_dir(d);
+        }
+        cmd
+    }
 }
 
 impl ChildProcess {
     /// Starts `cmd` with stdout and stderr appended to `log`.
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self> {
+        let recipe = Recipe::of(&cmd);
         let out = File::options().create(true).append(true).open(log).map_err(io(format!("open {}", log.display())))?;
         let err = out.try_clone().map_err(io("dup log"))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
@@ -63,7 +100,15 @@ impl ChildProcess {
         let (tx, rx) = mpsc::channel();
         spawner().lock().expect("spawner lock").send((cmd, tx)).expect("spawner thread alive");
         let child = rx.recv().expect("spawner reply").map_err(io(format!("start {name}")))?;
-        Ok(Self { name: name.to_owned(), log: log.to_path_buf(), child })
+        Ok(Self { name: name.to_owned(), log: log.to_path_buf(), child, recipe })
+    }
+
+    /// SIGKILL, then the same command again (same ports, same log): a
+    /// crash and a restart, as a kubelet would do it.
+    pub fn respawn(&mut self) -> Result<()> {
+        self.kill();
+        *self = Self::spawn(&self.name.clone(), self.recipe.command(), &self.log.clone())?;
+        Ok(())
     }
 
     pub fn id(&self) -> u32 {

@@ -108,6 +108,15 @@ impl WebhookProcess {
         Ok(Self { process, port, admin_port, configuration: opts.configuration, cert_secret: opts.cert_secret })
     }
 
+    /// Killed and started again (a new certificate, as at any start).
+    pub fn restart(&mut self) -> Result<()> {
+        self.process.respawn()?;
+        let (port, admin) = (self.port, self.admin_port);
+        wait_until("hangar-webhook /readyz", &mut self.process, Duration::from_secs(30), || {
+            port_open(port) && crate::process::http_get(admin, "/readyz").is_ok_and(|(s, _)| s == 200)
+        })
+    }
+
     /// The CAs it is trusted under now: its Secret's bundle, or the local CA.
     pub async fn ca_bundle(&self, cp: &ControlPlane) -> String {
         let Some(secret) = &self.cert_secret else {
