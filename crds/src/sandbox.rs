@@ -218,8 +218,12 @@ pub struct SandboxStatus {
     /// Mode agent: the agent's exit code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// Metered compute of all attempts, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_seconds: Option<i64>,
+    /// Mode commands: the part of `computeSeconds` spent idle (no command
+    /// running, no client attached in the last 30 s), flagged apart for
+    /// billing; counted when each idle stretch ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -62,6 +62,9 @@ async fn a_running_command_keeps_a_session_alive_then_idle_ends_it() {
     let status = s.status.unwrap();
     assert_eq!(status.stop_reason.as_deref(), Some("idle_timeout"));
     assert!(started.elapsed() >= Duration::from_secs(5), "ended while its command ran");
+    // The 3 s idle before the end is flagged apart (whole seconds).
+    let idle = status.idle_seconds.unwrap_or(0);
+    assert!((2..=5).contains(&idle), "idle compute recorded: {idle} s");
     let long = commands.get("long").await.unwrap();
     assert_eq!(long.status.unwrap().phase, Some(CommandPhase::Exited), "the command ran to its end");
 }

@@ -278,7 +278,17 @@ fn launching(p: &mut Plan, obs: &Observed) {
     }
 }
 
+/// An idle stretch ends (activity, or the session leaves running): its
+/// seconds go to `status.idleSeconds`, the compute spent idle.
+fn end_idle(p: &mut Plan, now: Timestamp) {
+    if let Some(since) = p.status.idle_since.take() {
+        let secs = (now.as_second() - since.0.as_second()).max(0);
+        p.status.idle_seconds = Some(p.status.idle_seconds.unwrap_or(0) + secs);
+    }
+}
+
 fn begin_pause(p: &mut Plan, obs: &Observed, note: &str) {
+    end_idle(p, obs.now);
     p.status.pause = Some(PauseProgress { requested_at: Some(ts(obs.now)), ..Default::default() });
     set_phase(p, Phase::Pausing, "Pausing", note.into());
     p.requeue_after = Some(obs.pause_grace);
@@ -331,13 +341,13 @@ fn running(p: &mut Plan, obs: &Observed) {
     }
     if let Some(idle) = obs.idle {
         if idle.active {
-            p.status.idle_since = None;
+            end_idle(p, obs.now);
         } else {
             let since = p.status.idle_since.as_ref().map_or(obs.now, |t| t.0);
             p.status.idle_since = Some(ts(since));
             let idle_for = Duration::from_secs((obs.now.as_second() - since.as_second()).max(0) as u64);
             if idle_for >= idle.timeout {
-                p.status.idle_since = None;
+                end_idle(p, obs.now);
                 match idle.action {
                     hangar_crds::IdleAction::End => return begin_stop(p, obs, &StopReason::IdleTimeout),
                     hangar_crds::IdleAction::Pause => {
@@ -429,7 +439,7 @@ fn interrupt(p: &mut Plan, obs: &Observed, cause: InterruptionCause) {
         recovered_at: None,
     });
     p.status.pause = None;
-    p.status.idle_since = None;
+    end_idle(p, obs.now);
     p.status.reclaim_warned_at = None;
     let why = match cause {
         InterruptionCause::Reclaimed => "the instance stopped and nobody asked for a pause",
@@ -679,6 +689,7 @@ pub fn start_failed(status: &mut SandboxStatus, now: Timestamp, request: &str, r
 }
 
 fn begin_stop(p: &mut Plan, obs: &Observed, reason: &StopReason) {
+    end_idle(p, obs.now);
     if p.status.stop_reason.is_none() {
         p.status.stop_reason = Some(reason.text());
     }
@@ -918,10 +929,12 @@ mod tests {
         // Activity resets it.
         let busy = plan(&p.status, &Observed { idle: idle(true, IdleAction::End), ..ready(40, 1) });
         assert_eq!(busy.status.idle_since, None);
+        assert_eq!(busy.status.idle_seconds, Some(30), "the idle stretch is recorded");
         // Idle long enough: end, stop reason idle_timeout.
         let ended = plan(&p.status, &Observed { idle: idle(false, IdleAction::End), ..ready(70, 1) });
         assert_eq!(ended.status.phase, Some(Phase::Stopping));
         assert_eq!(ended.status.stop_reason.as_deref(), Some("idle_timeout"));
+        assert_eq!(ended.status.idle_seconds, Some(60));
         // Or pause, remembering the request it paused under.
         let paused = plan(&p.status, &Observed { idle: idle(false, IdleAction::Pause), ..ready(70, 1) });
         assert_eq!(paused.status.phase, Some(Phase::Pausing));
