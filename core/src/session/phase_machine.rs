@@ -963,15 +963,8 @@ mod tests {
 
     #[test]
     fn stopped_instance_ends_the_attempt_paused_with_its_compute() {
-        let mut s = SandboxStatus { attempt: Some(1), ..status(Phase::Pausing) };
-        s.attempts.push(Attempt {
-            number: 1,
-            cause: AttemptCause::Launch,
-            started_at: Some(Time(at(0))),
-            ended_at: None,
-            end: None,
-            compute_seconds: 0,
-        });
+        let mut s = running_attempt_1();
+        s.phase = Some(Phase::Pausing);
         s.pause = Some(PauseProgress { stop_requested_at: Some(Time(at(120))), ..Default::default() });
         let o = Observed { desired: Desired::Pause, instance: Some(InstanceState::Stopped), ..obs(125) };
         let p = plan(&s, &o);

@@ -106,45 +106,29 @@ pub async fn execute(
                 }
             }
         }
-        Action::RecoverInstance => {
-            let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
-            match ctx.ec2.start(&id).await {
-                Ok(state) => {
-                    ctx.instances.set_state(&id, state);
-                    ctx.instances.request_refresh();
-                    Ok(())
-                }
-                // No capacity now (or still stopping): asked again after the
-                // retry interval, until the recovery window closes.
-                Err(e) if e.is(Ec2ErrorKind::InsufficientCapacity) || e.is(Ec2ErrorKind::IncorrectState) => {
-                    tracing::info!(error = %e, "the interrupted instance did not start yet; waiting");
-                    Ok(())
-                }
-                Err(e) => {
-                    if let Some(i) = open_interruption(status) {
-                        i.start_requested_at = None;
-                    }
-                    Err(e.into())
-                }
+        Action::RecoverInstance => match start_instance(ctx, status).await {
+            // No capacity now (or still stopping): asked again after the
+            // retry interval, until the recovery window closes.
+            Ok(Some(e)) => {
+                tracing::info!(error = %e, "the interrupted instance did not start yet; waiting");
+                Ok(())
             }
-        }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                if let Some(i) = open_interruption(status) {
+                    i.start_requested_at = None;
+                }
+                Err(e)
+            }
+        },
         Action::SettleInterruptedCommands => settle_commands(ctx, s, status, Settle::RunningOnly).await,
         Action::StartInstance => {
-            let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
-            match ctx.ec2.start(&id).await {
-                Ok(state) => {
-                    ctx.instances.set_state(&id, state);
-                    ctx.instances.request_refresh();
-                    Ok(())
-                }
-                Err(e) if e.is(Ec2ErrorKind::InsufficientCapacity) || e.is(Ec2ErrorKind::IncorrectState) => {
-                    tracing::warn!(error = %e, "the instance did not start; back to paused");
-                    let request = hangar_core::session::requests::resume_request(s.sandbox);
-                    phase::start_failed(status, Timestamp::now(), &request, &e.to_string());
-                    Ok(())
-                }
-                Err(e) => Err(e.into()),
+            if let Some(e) = start_instance(ctx, status).await? {
+                tracing::warn!(error = %e, "the instance did not start; back to paused");
+                let request = hangar_core::session::requests::resume_request(s.sandbox);
+                phase::start_failed(status, Timestamp::now(), &request, &e.to_string());
             }
+            Ok(())
         }
         Action::CancelQueuedCommands => settle_commands(ctx, s, status, Settle::All).await,
         Action::TerminateInstance => {
@@ -346,6 +330,21 @@ async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status:
     nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     status.node_name = Some(name);
     Ok(())
+}
+
+/// StartInstances of the session's instance. `Ok(Some(e))`: EC2 says it
+/// cannot start now (no capacity, or not stopped yet).
+async fn start_instance(ctx: &Context, status: &SandboxStatus) -> Result<Option<Ec2Error>> {
+    let id = status.instance_id.clone().ok_or(Error::MissingField("status.instanceId"))?;
+    match ctx.ec2.start(&id).await {
+        Ok(state) => {
+            ctx.instances.set_state(&id, state);
+            ctx.instances.request_refresh();
+            Ok(None)
+        }
+        Err(e) if e.is(Ec2ErrorKind::InsufficientCapacity) || e.is(Ec2ErrorKind::IncorrectState) => Ok(Some(e)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The interruption in progress (not recovered), if any.
