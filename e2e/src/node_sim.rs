@@ -439,12 +439,23 @@ fn start_supervisor(cfg: &SimConfig, node: &str, volume_id: &str, pod: &Pod) -> 
         mapped.extend(["--workdir".to_owned(), cfg.volumes_dir.join(volume_id).display().to_string()]);
     }
     let mut cmd = container_command(&cfg.supervisor_bin);
-    cmd.args(&mapped).env("HANGAR_SIM_NODE", node).env("HANGAR_SIM_CONTAINER", node);
+    let message = termination_message_path(cfg, node);
+    let _ = std::fs::remove_file(&message);
+    cmd.args(&mapped)
+        .env("HANGAR_SIM_NODE", node)
+        .env("HANGAR_SIM_CONTAINER", node)
+        .env("HANGAR_TERMINATION_MESSAGE_PATH", &message);
     tracing::info!(%node, "node simulator: starting the agent container's supervisor");
     let child =
         ChildProcess::spawn(&format!("supervisor {node}"), cmd, &cfg.log_dir.join(format!("supervisor-{node}.log")))?;
     write_pid(cfg, node, "supervisor", child.id());
     Ok(child)
+}
+
+/// The agent container's terminationMessagePath (a kubelet mounts a file
+/// there and reports what the container wrote in it when it ends).
+fn termination_message_path(cfg: &SimConfig, node: &str) -> PathBuf {
+    cfg.nodes_dir.join(node).join("termination-log")
 }
 
 /// The container's PID 1 in a PID namespace of its own, as in a real
@@ -499,7 +510,8 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
             }
             if let Some(code) = n.agent_ended {
                 if !matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
-                    report_ended(&api, &name, &pod, code).await?;
+                    let message = std::fs::read_to_string(termination_message_path(cfg, &node)).unwrap_or_default();
+                    report_ended(&api, &name, &pod, code, &message).await?;
                 }
                 continue;
             }
@@ -535,7 +547,7 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
 
 /// The agent container ended with `code`: its state is terminated; the
 /// Pod has ended too when it has no other container (companions run on).
-async fn report_ended(api: &Api<Pod>, name: &str, pod: &Pod, code: i32) -> TickResult {
+async fn report_ended(api: &Api<Pod>, name: &str, pod: &Pod, code: i32, message: &str) -> TickResult {
     let now = Time(Timestamp::now());
     let containers: Vec<_> = pod
         .spec
@@ -544,7 +556,7 @@ async fn report_ended(api: &Api<Pod>, name: &str, pod: &Pod, code: i32) -> TickR
         .map(|c| {
             let state = if c.name == "agent" {
                 json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
-                                      "finishedAt": now}})
+                                      "message": message, "finishedAt": now}})
             } else {
                 json!({"running": {"startedAt": now}})
             };

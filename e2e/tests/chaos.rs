@@ -385,6 +385,12 @@ async fn read_all(gw: &hangar_e2e::gateway::GatewayClient, token: &str, sid: &st
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}/commands/{cid}/output?after={after}"), token).await;
+        if st == 429 {
+            // The per-caller rate limit: a client backs off and asks again.
+            assert!(Instant::now() < deadline, "{cid}: rate-limited until the deadline");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
         assert_eq!(st, 200, "{cid}: {body}");
         for c in body["chunks"].as_array().unwrap() {
             let offset = c["offset"].as_u64().unwrap();

@@ -228,8 +228,19 @@ async fn the_agents_exit_ends_a_session_in_mode_agent_with_its_code() {
         let s = wait_for(&api, name, "ended", |s| phase(s) == Some(Phase::Ended)).await;
         let status = s.status.clone().unwrap();
         assert_eq!(status.exit_code, Some(code), "{name}: the agent's exit code");
-        assert_eq!(status.stop_reason.as_deref(), Some("agent_exited"), "{name}");
-        assert_eq!(status.outcome.as_deref(), Some("completed"), "{name}");
+        if name == "missing" {
+            // Never ran: a clear reason (the supervisor's termination
+            // message), and no outcome.
+            let reason = status.stop_reason.clone().unwrap_or_default();
+            assert!(
+                reason.starts_with("agent_start_failed: cannot start the agent no-such-agent-binary"),
+                "{name}: {reason}"
+            );
+            assert_eq!(status.outcome, None, "{name}");
+        } else {
+            assert_eq!(status.stop_reason.as_deref(), Some("agent_exited"), "{name}");
+            assert_eq!(status.outcome.as_deref(), Some("completed"), "{name}");
+        }
         let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
         assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"], "{name}");
         let session = s.uid().unwrap();

@@ -437,8 +437,13 @@ async fn run_agent(argv: Vec<String>, cfg: Arc<Config>, outbox: Arc<Outbox>) -> 
         match command(&argv, &[], &cfg.default_cwd).stdout(Stdio::inherit()).stderr(Stdio::inherit()).status().await {
             Ok(s) => s,
             Err(e) => {
-                // The runtime's convention for a command that cannot run.
-                eprintln!("supervisor: cannot start the agent {}: {e}", argv[0]);
+                // The runtime's convention for a command that cannot run;
+                // the why goes where the kubelet reads a container's
+                // termination message, so the session's end can say it.
+                let why = format!("cannot start the agent {}: {e}", argv[0]);
+                eprintln!("supervisor: {why}");
+                let path = std::env::var_os("HANGAR_TERMINATION_MESSAGE_PATH").unwrap_or("/dev/termination-log".into());
+                let _ = std::fs::write(path, &why);
                 let end = AgentEnd { exit_code: Some(127), signal: None };
                 outbox.send(FromSupervisor::AgentExited { exit_code: end.exit_code, signal: None });
                 return end;

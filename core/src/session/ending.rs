@@ -12,6 +12,9 @@ pub enum StopReason {
     Cancelled,
     /// Mode agent: the agent's process exited.
     AgentExited,
+    /// Mode agent: the agent's command could not be started (the detail is
+    /// the container's termination message).
+    AgentStartFailed(String),
     /// The instance was terminated or vanished under the session.
     InstanceLost,
     /// Interrupted and not recovered: mode agent (never recovers), or not
@@ -39,6 +42,7 @@ impl StopReason {
             Self::RevokeAll => "revoke_all",
             Self::Cancelled => "cancelled",
             Self::AgentExited => "agent_exited",
+            Self::AgentStartFailed(_) => "agent_start_failed",
             Self::InstanceLost => "instance_lost",
             Self::InterruptionLost => "interruption_lost",
             Self::InsufficientCapacity(_) => "insufficient_capacity",
@@ -53,7 +57,10 @@ impl StopReason {
     /// `status.stopReason`: the code, then the detail when there is one.
     pub fn text(&self) -> String {
         match self {
-            Self::InsufficientCapacity(d) | Self::LaunchFailed(d) | Self::TemplateNotFound(d) => {
+            Self::InsufficientCapacity(d)
+            | Self::LaunchFailed(d)
+            | Self::TemplateNotFound(d)
+            | Self::AgentStartFailed(d) => {
                 format!("{}: {d}", self.code())
             }
             _ => self.code().to_owned(),

@@ -95,6 +95,9 @@ pub struct Observed {
     pub recovery_retry: Duration,
     /// Commands marked running (or cancelling).
     pub running_commands: usize,
+    /// Mode agent: the agent container's termination message, if it ended
+    /// with one (the supervisor writes why the agent could not start).
+    pub agent_message: Option<String>,
     /// EC2 warned that the instance is about to be reclaimed.
     pub reclaim_warned: bool,
 }
@@ -333,6 +336,12 @@ fn running(p: &mut Plan, obs: &Observed) {
         && let AgentState::Exited(code) = obs.agent
     {
         p.status.exit_code = Some(code);
+        // 127 with the supervisor's message: it never ran, so no outcome.
+        // The message is capped: code in the sandbox can write it too.
+        if let (127, Some(why)) = (code, obs.agent_message.as_deref()) {
+            let why: String = why.chars().filter(|c| !c.is_control()).take(200).collect();
+            return begin_stop(p, obs, &StopReason::AgentStartFailed(why));
+        }
         p.status.outcome = Some(Outcome::Completed.as_str().into());
         return begin_stop(p, obs, &StopReason::AgentExited);
     }
@@ -773,6 +782,7 @@ mod tests {
             recovery_retry: Duration::from_secs(30),
             running_commands: 0,
             reclaim_warned: false,
+            agent_message: None,
         }
     }
 
@@ -1181,6 +1191,21 @@ mod tests {
         assert_eq!(end.status.stop_reason.as_deref(), Some("interruption_lost"));
         assert_eq!(end.status.outcome.as_deref(), Some("outcome_unknown"));
         assert_eq!(end.status.attempts.len(), 1, "no attempt opened for a start that never ran");
+    }
+
+    #[test]
+    fn an_agent_that_could_not_start_ends_with_its_reason_and_no_outcome() {
+        let why = "cannot start the agent x: No such file or directory\n".to_owned() + &"y".repeat(500);
+        let o =
+            Observed { mode: Mode::Agent, agent: AgentState::Exited(127), agent_message: Some(why), ..ready(10, 1) };
+        let p = plan(&running_attempt_1(), &o);
+        let reason = p.status.stop_reason.unwrap();
+        assert!(reason.starts_with("agent_start_failed: cannot start the agent x: No such file or directory"));
+        assert!(reason.len() < 240 && !reason.contains('\n'), "capped, one line: {reason}");
+        assert_eq!((p.status.exit_code, p.status.outcome), (Some(127), None));
+        // Without the supervisor's message, 127 is the agent's own exit code.
+        let o = Observed { mode: Mode::Agent, agent: AgentState::Exited(127), ..ready(10, 1) };
+        assert_eq!(plan(&running_attempt_1(), &o).status.stop_reason.as_deref(), Some("agent_exited"));
     }
 
     #[test]

@@ -137,13 +137,17 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     });
 
     // No instance, no node, no agent Pod yet: skip the read on the launch path.
+    let mut agent_message = None;
     let agent = if instance.is_none() {
         AgentState::Absent
     } else {
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
         match pods.get_opt(&agent_pod::pod_name(&name)).await? {
             None => AgentState::Absent,
-            Some(p) if agent_pod::is_ours(&p, session_id) => agent_state(&p),
+            Some(p) if agent_pod::is_ours(&p, session_id) => {
+                agent_message = termination_message(&p);
+                agent_state(&p)
+            }
             Some(_) => {
                 // Never adopted: the session waits until the name is free.
                 tracing::warn!(pod = %agent_pod::pod_name(&name), "a Pod hangar did not create holds the agent Pod's name");
@@ -222,6 +226,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             recovery_retry: Duration::from_secs(ctx.settings.recovery_retry_seconds.max(1)),
             running_commands: running_commands(ctx, sandbox),
             reclaim_warned: instance.as_ref().is_some_and(|i| ctx.instances.reclaim_warned(&i.id)),
+            agent_message,
         },
         instance,
         volume,
@@ -260,6 +265,12 @@ fn idle(ctx: &Context, sandbox: &Sandbox, now: Timestamp) -> Option<hangar_core:
         timeout: second * policy.timeout_seconds.clamp(0, u32::MAX as i64) as u32,
         action: policy.action,
     })
+}
+
+/// The agent container's termination message, when it ended with one.
+fn termination_message(pod: &Pod) -> Option<String> {
+    let agent = pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|c| c.name == "agent")?;
+    agent.state.as_ref()?.terminated.as_ref()?.message.clone().filter(|m| !m.trim().is_empty())
 }
 
 pub fn agent_state(pod: &Pod) -> AgentState {
