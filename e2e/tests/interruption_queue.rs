@@ -4,14 +4,15 @@
 //! the session does within seconds of an event, the queue made it do:
 //!
 //! - a state-change notification makes the operator describe at once: a
-//!   terminated instance ends the session `outcome_unknown`;
+//!   terminated instance ends the session `outcome_unknown`; a reclaimed
+//!   (stopped) one is started again and recovers as attempt 2;
 //! - a spot interruption warning is recorded, and the stop that follows
 //!   while pausing is an interruption, not a pause.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use hangar_crds::{AttemptEnd, InterruptionCause, Phase, Sandbox, SandboxStatus};
+use hangar_crds::{AttemptCause, AttemptEnd, InterruptionCause, Phase, Sandbox, SandboxStatus};
 use hangar_e2e::eventbridge;
 use hangar_e2e::sessions::{self, ensure_namespace, wait_for};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
@@ -100,4 +101,30 @@ async fn a_reclaim_warning_makes_the_stop_while_pausing_an_interruption() {
     assert_eq!(st.attempts[0].end, Some(AttemptEnd::Interrupted), "an interruption, not a pause");
     assert_eq!(st.interruptions[0].cause, InterruptionCause::Reclaimed);
     assert_eq!(st.reclaim_warned_at, None, "the warning is spent with the run it was about");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_change_message_gets_a_reclaimed_instance_recovered() {
+    let e = env();
+    let (boxes, instance) = running("queue-reclaimed").await;
+    let ec2 = hangar_e2e::ec2::client(&e.stack.moto.endpoint()).await;
+    ec2.stop_instances().instance_ids(&instance).send().await.unwrap();
+    let sent = Instant::now();
+    eventbridge::send_state_change(&e.sqs, &e.queue_url, &instance, "stopped").await;
+
+    let s = wait_for(&e.stack, &boxes, "box", "recovered", |s| {
+        let st = status(s);
+        st.phase == Some(Phase::Running) && st.attempt == Some(2)
+    })
+    .await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(30),
+        "recovered after {:?}: not driven by the message",
+        sent.elapsed()
+    );
+    let st = status(&s);
+    assert_eq!(st.interruptions[0].cause, InterruptionCause::Reclaimed);
+    assert_eq!(st.attempts[0].end, Some(AttemptEnd::Interrupted));
+    assert_eq!(st.attempts[1].cause, AttemptCause::Recovery);
+    assert_eq!(st.instance_id.as_deref(), Some(instance.as_str()), "the same instance");
 }
