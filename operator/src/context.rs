@@ -38,6 +38,9 @@ pub struct Context {
     /// The resourceVersion of each Sandbox's last status this operator
     /// wrote, until its watch shows it (`behind_own_write`).
     pub own_writes: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    /// The SessionToken controller's cache, once it runs: the command
+    /// controller asks it whether a sender's token has ended.
+    pub tokens: std::sync::OnceLock<Store<hangar_crds::SessionToken>>,
 }
 
 impl Context {

@@ -131,6 +131,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         numbering: Default::default(),
         sealed_output_keys: Default::default(),
         own_writes: Default::default(),
+        tokens: Default::default(),
     });
     readiness.set_ready();
     tokio::spawn(sweep_loop(

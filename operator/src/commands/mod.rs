@@ -20,6 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 use tracing::{Instrument, info_span, warn};
@@ -205,8 +206,18 @@ async fn sender_token_ended(ctx: &Context, namespace: &str, sender: &str) -> Res
     let Some((token_ns, name)) = scope::token_of_identity(sender) else {
         return Ok(false);
     };
-    let token = Api::<SessionToken>::namespaced(ctx.client.clone(), token_ns).get_opt(name).await?;
-    Ok(token_ns != namespace || token.is_none_or(|t| scope::active(&t, None, Timestamp::now()).is_err()))
+    if token_ns != namespace {
+        return Ok(true);
+    }
+    // The token controller's cache answers for a token it holds (an ended
+    // token never becomes active again, and expiry is a time); one it does
+    // not hold yet may be new, so the apiserver is asked.
+    let cached = ctx.tokens.get().and_then(|s| s.get(&ObjectRef::new(name).within(token_ns)));
+    let token = match cached {
+        Some(t) => Some((*t).clone()),
+        None => Api::<SessionToken>::namespaced(ctx.client.clone(), token_ns).get_opt(name).await?,
+    };
+    Ok(token.is_none_or(|t| scope::active(&t, None, Timestamp::now()).is_err()))
 }
 
 /// Queued → cancelled (`reason`), unless the worker started it first.

@@ -63,6 +63,7 @@ pub async fn run(ctx: Arc<Context>) {
     // A session that ends (or goes) changes its tokens' phase: each
     // Sandbox change reconciles the tokens that name it.
     let tokens = controller.store();
+    let _ = ctx.tokens.set(tokens.clone());
     controller
         .watches(sandboxes, watcher::Config::default(), move |sandbox: Sandbox| {
             let (ns, name) = (sandbox.namespace(), sandbox.name_any());
