@@ -30,6 +30,40 @@ pub struct SessionTokens {
     replay: Arc<ReplayGuard>,
 }
 
+type DigestIndex = HashMap<String, ObjectRef<SessionToken>>;
+
+fn digest_of(token: &SessionToken) -> Option<String> {
+    token.status.as_ref().and_then(|s| s.digest.clone())
+}
+
+/// Keeps the digest index as the watch says: a deleted token leaves it,
+/// and a relist replaces it whole once complete (so tokens deleted while
+/// the watch was down leave it too); until then the old one serves.
+fn apply_to_index(index: &mut DigestIndex, relist: &mut Option<DigestIndex>, event: &watcher::Event<SessionToken>) {
+    match event {
+        watcher::Event::Apply(t) => {
+            if let Some(d) = digest_of(t) {
+                index.insert(d, ObjectRef::from_obj(t));
+            }
+        }
+        watcher::Event::Delete(t) => {
+            let gone = ObjectRef::from_obj(t);
+            index.retain(|_, r| *r != gone);
+        }
+        watcher::Event::Init => *relist = Some(DigestIndex::new()),
+        watcher::Event::InitApply(t) => {
+            if let (Some(fresh), Some(d)) = (relist.as_mut(), digest_of(t)) {
+                fresh.insert(d, ObjectRef::from_obj(t));
+            }
+        }
+        watcher::Event::InitDone => {
+            if let Some(fresh) = relist.take() {
+                *index = fresh;
+            }
+        }
+    }
+}
+
 impl SessionTokens {
     /// Starts the watch (and the digest index beside it) and waits for its
     /// first list.
@@ -42,15 +76,13 @@ impl SessionTokens {
         let index = by_digest.clone();
         let events =
             reflector::reflector(writer, watcher(Api::<SessionToken>::all(client), watcher::Config::default()))
-                .default_backoff()
-                .applied_objects();
+                .default_backoff();
         let mut log = log_watch_errors("SessionToken");
+        let mut relist = None;
         tokio::spawn(events.for_each(move |event| {
-            if let Ok(token) = &event
-                && let Some(digest) = token.status.as_ref().and_then(|s| s.digest.clone())
-            {
+            if let Ok(e) = &event {
                 let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
-                index.insert(digest, ObjectRef::from_obj(token));
+                apply_to_index(&mut index, &mut relist, e);
             }
             log(event.map(|_| ()))
         }));
@@ -98,4 +130,38 @@ fn refused(why: Option<ProofError>) -> ApiError {
         "session token refused"
     );
     ApiError::new(ErrorCode::TokenInvalid, "the session token or its proof is not valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(name: &str, digest: &str) -> SessionToken {
+        let mut t: SessionToken = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hangar.dev/v1alpha1", "kind": "SessionToken",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"sandbox": "box", "scopes": ["read"], "ttlSeconds": 600,
+                     "publicKey": {"kty": "EC", "crv": "P-256", "x": "x", "y": "y"}},
+        }))
+        .unwrap();
+        t.status = Some(hangar_crds::SessionTokenStatus { digest: Some(digest.into()), ..Default::default() });
+        t
+    }
+
+    #[test]
+    fn deleted_and_relisted_tokens_leave_the_digest_index() {
+        let (mut index, mut relist) = (DigestIndex::new(), None);
+        for e in [watcher::Event::Apply(token("a", "d-a")), watcher::Event::Apply(token("b", "d-b"))] {
+            apply_to_index(&mut index, &mut relist, &e);
+        }
+        apply_to_index(&mut index, &mut relist, &watcher::Event::Delete(token("a", "d-a")));
+        assert!(!index.contains_key("d-a") && index.contains_key("d-b"));
+        // A relist without b (deleted while the watch was down): b goes,
+        // but only once the relist is complete.
+        apply_to_index(&mut index, &mut relist, &watcher::Event::Init);
+        apply_to_index(&mut index, &mut relist, &watcher::Event::InitApply(token("c", "d-c")));
+        assert!(index.contains_key("d-b"), "the old index serves during the relist");
+        apply_to_index(&mut index, &mut relist, &watcher::Event::InitDone);
+        assert_eq!(index.keys().collect::<Vec<_>>(), ["d-c"]);
+    }
 }
