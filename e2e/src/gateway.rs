@@ -17,6 +17,8 @@ use crate::process::{ChildProcess, free_port, port_open, wait_until};
 pub struct GatewayProcess {
     process: ChildProcess,
     pub port: u16,
+    /// Its peer port (replicas that know each other), plain HTTP.
+    pub peer_port: Option<u16>,
     /// Its admin server (/healthz, /readyz, /metrics).
     pub admin_port: u16,
 }
@@ -103,7 +105,11 @@ impl GatewayProcess {
         wait_until("hangar-gateway /readyz", &mut process, Duration::from_secs(60), || {
             port_open(port) && crate::process::http_get(admin_port, "/readyz").is_ok_and(|(s, _)| s == 200)
         })?;
-        Ok(Self { process, port, admin_port })
+        let peer_port = env
+            .iter()
+            .find(|(k, _)| *k == "HANGAR_GATEWAY_PEER_LISTEN")
+            .and_then(|(_, v)| v.rsplit(':').next()?.parse().ok());
+        Ok(Self { process, port, peer_port, admin_port })
     }
 }
 

@@ -191,6 +191,25 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
     let headers = [("Hangar-Proof", across.as_str())];
     let at_replica = replica.call("POST", &cmd_path, Some(&exec.token), Some(&echo), &headers).await;
     assert_eq!(at_replica.0, 201, "the proof's first use, at the second replica: {}", at_replica.1);
+    // An attacker on the peer port (any pod may reach it) cannot burn a
+    // jti a token is going to use: a claim without the replicas' MAC is
+    // refused at each replica, and the proof with that jti still works.
+    let http = reqwest::Client::new();
+    for port in [stack.gateway.peer_port, stack.gateway_replica.peer_port] {
+        let port = port.expect("replicas with a peer port");
+        let forged = json!({"jti": "future-1", "at": now, "nonce": "00", "mac": "00".repeat(32)});
+        let answer = http
+            .post(format!("http://127.0.0.1:{port}/v1/internal/jti-claims"))
+            .header("content-type", "application/json")
+            .body(forged.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 403, "a forged claim at the peer port {port}");
+    }
+    let later = exec.signer.proof("POST", &url(&cmd_path), &exec.token, now, "future-1");
+    let used = send(&exec, later).await;
+    assert_eq!(used.0, 201, "the jti an attacker tried to burn is still the token's: {}", used.1);
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let enc = |v: Value| b64.encode(serde_json::to_vec(&v).unwrap());
     let claims = json!({"htm": "POST", "htu": url(&cmd_path), "iat": now, "jti": "n1", "ath": hangar_keys::proof::token_hash(&exec.token)});
@@ -515,7 +534,7 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
     let total = cases.len() + kubectl_cases.len();
     assert!(total >= 30, "at least 30 hostile cases, {total}");
 
-    // Nothing changed, but the one command sent with a good proof, the
+    // Nothing changed, but the commands sent with good proofs, the
     // revocation and the fillers.
     let after = snapshot(&client, ns).await;
     let changed: Vec<&String> = after
@@ -525,6 +544,7 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
         .filter(|k| !k.starts_with("token/filler-") && *k != "token/doomed")
         .filter(|k| *k != &format!("command/{}", first.1["id"].as_str().unwrap()))
         .filter(|k| *k != &format!("command/{}", at_replica.1["id"].as_str().unwrap()))
+        .filter(|k| *k != &format!("command/{}", used.1["id"].as_str().unwrap()))
         .collect();
     assert!(changed.is_empty(), "hostile requests changed {changed:?}");
     assert_eq!(snapshot(&client, other_ns).await, before_other, "the other namespace is untouched");
