@@ -258,8 +258,7 @@ fn launching(p: &mut Plan, obs: &Observed) {
         None => p.actions.push(Action::Launch),
         Some(state) if state.is_gone() => {
             // Gone before it ever ran: nothing to recover on a launch.
-            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-            begin_stop(p, obs, &StopReason::InstanceLost)
+            end_outcome_unknown(p, obs, &StopReason::InstanceLost)
         }
         Some(state) => {
             match obs.volume {
@@ -327,7 +326,7 @@ fn running(p: &mut Plan, obs: &Observed) {
             return begin_stop(p, obs, &StopReason::StopAfter);
         }
         let left = limit - used;
-        p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
+        wait_at_most(p, left);
     }
     if detect_interruption(p, obs, false) {
         return;
@@ -368,13 +367,13 @@ fn running(p: &mut Plan, obs: &Observed) {
                 }
             }
             let left = idle.timeout - idle_for;
-            p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
+            wait_at_most(p, left);
         }
     }
     // Look again when the worker would count as lost if it stays silent.
     if let (Some(after), Some(hb)) = (obs.worker_lost_after, obs.last_heartbeat) {
         let left = after.saturating_sub(elapsed(obs.now, hb)) + Duration::from_millis(100);
-        p.requeue_after = Some(p.requeue_after.map_or(left, |r| r.min(left)));
+        wait_at_most(p, left);
     }
     // Keep the pieces in place (e.g. a node relabelled by hand).
     bring_up(p, obs);
@@ -461,11 +460,10 @@ fn interrupt(p: &mut Plan, obs: &Observed, cause: InterruptionCause) {
         if obs.running_commands > 0 {
             p.actions.push(Action::SettleInterruptedCommands);
         }
-        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
         p.events.push(("Interrupted", format!("attempt {attempt}: {why}; the session ends")));
         let reason =
             if cause == InterruptionCause::HostLost { StopReason::InstanceLost } else { StopReason::InterruptionLost };
-        return begin_stop(p, obs, &reason);
+        return end_outcome_unknown(p, obs, &reason);
     }
     set_phase(p, Phase::Interrupted, "Interrupted", format!("attempt {attempt}: {why}; recovering"));
     interrupted(p, obs);
@@ -486,25 +484,21 @@ fn interrupted(p: &mut Plan, obs: &Observed) {
     }
     let Some(mut int) = p.status.interruptions.last().cloned().filter(|i| i.recovered_at.is_none()) else {
         // No record of it (an older operator's status): nothing to recover.
-        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-        return begin_stop(p, obs, &StopReason::InterruptionLost);
+        return end_outcome_unknown(p, obs, &StopReason::InterruptionLost);
     };
     if obs.mode == Mode::Agent {
-        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-        return begin_stop(p, obs, &StopReason::InterruptionLost);
+        return end_outcome_unknown(p, obs, &StopReason::InterruptionLost);
     }
     let waited = elapsed(obs.now, int.detected_at.0);
     let lost = |p: &mut Plan, obs: &Observed, why: String| {
-        p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
         p.events.push(("NotRecovered", why));
-        begin_stop(p, obs, &StopReason::InterruptionLost);
+        end_outcome_unknown(p, obs, &StopReason::InterruptionLost);
     };
     let recovery_open = current_attempt(p).is_some_and(|a| a.cause == AttemptCause::Recovery && a.end.is_none());
     match obs.instance {
         None | Some(S::ShuttingDown | S::Terminated) => {
             end_attempt(p, AttemptEnd::HostLost, obs.now);
-            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-            return begin_stop(p, obs, &StopReason::InstanceLost);
+            return end_outcome_unknown(p, obs, &StopReason::InstanceLost);
         }
         Some(S::Stopped) => {
             if recovery_open {
@@ -593,7 +587,8 @@ fn pausing(p: &mut Plan, obs: &Observed) {
             set_phase(p, Phase::Paused, "Paused", "instance stopped; workspace volume kept".into());
             return;
         }
-        // Gone: an interruption, taken over above.
+        // Stopping: our own stop under way. Gone: an interruption, taken
+        // over above.
         Some(InstanceState::Stopping | InstanceState::ShuttingDown | InstanceState::Terminated) | None => {}
         Some(_) => {
             let waited = Duration::from_secs((obs.now.as_second() - requested.as_second()).max(0) as u64);
@@ -652,8 +647,7 @@ fn paused(p: &mut Plan, obs: &Observed) {
         }
         Desired::Pause => {
             if obs.instance.is_none_or(|s| s.is_gone()) {
-                p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-                begin_stop(p, obs, &StopReason::InstanceLost);
+                end_outcome_unknown(p, obs, &StopReason::InstanceLost);
             }
         }
     }
@@ -678,8 +672,7 @@ fn resuming(p: &mut Plan, obs: &Observed) {
         }
         None | Some(InstanceState::ShuttingDown) | Some(InstanceState::Terminated) => {
             end_attempt(p, AttemptEnd::HostLost, obs.now);
-            p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
-            begin_stop(p, obs, &StopReason::InstanceLost);
+            end_outcome_unknown(p, obs, &StopReason::InstanceLost);
         }
         _ => {}
     }
@@ -695,6 +688,13 @@ pub fn start_failed(status: &mut SandboxStatus, now: Timestamp, request: &str, r
     p.status.resume_failed =
         Some(hangar_crds::ResumeFailure { request: request.to_owned(), at: Some(ts(now)), reason: reason.to_owned() });
     *status = p.status;
+}
+
+/// Ends the session not knowing what happened inside (the instance or the
+/// interrupted attempt was lost).
+fn end_outcome_unknown(p: &mut Plan, obs: &Observed, reason: &StopReason) {
+    p.status.outcome = Some(Outcome::OutcomeUnknown.as_str().into());
+    begin_stop(p, obs, reason);
 }
 
 fn begin_stop(p: &mut Plan, obs: &Observed, reason: &StopReason) {
