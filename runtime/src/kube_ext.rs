@@ -95,6 +95,16 @@ where
     })
 }
 
+/// Whether a reflector's cache has completed its first list (without
+/// waiting for it: a reconcile fed by the same watch must not block on it).
+pub fn has_listed<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    matches!(futures::FutureExt::now_or_never(store.wait_until_ready()), Some(Ok(())))
+}
+
 /// For a watch stream's `for_each`: a watch of `kind` that fails is
 /// retried (with the stream's backoff) and logged, never dropped silently;
 /// meanwhile a cache fed by it may lag.

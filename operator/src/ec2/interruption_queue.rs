@@ -71,12 +71,7 @@ pub fn parse(body: &str) -> Option<Notice> {
 }
 
 pub async fn client(region: &str, endpoint: Option<&str>) -> aws_sdk_sqs::Client {
-    let mut loader =
-        aws_config::defaults(aws_config::BehaviorVersion::latest()).region(aws_config::Region::new(region.to_owned()));
-    if let Some(endpoint) = endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    aws_sdk_sqs::Client::new(&loader.load().await)
+    aws_sdk_sqs::Client::new(&super::sdk_config_loader(region, endpoint).load().await)
 }
 
 /// Long-polls the queue for ever; each message is acted on, then deleted
@@ -106,18 +101,17 @@ pub async fn run(
         for m in messages {
             if let Some(notice) = m.body.as_deref().and_then(parse) {
                 tracing::info!(?notice, "interruption queue");
-                let id = match &notice {
+                match &notice {
+                    // The describe it brings forward wakes the Sandbox whose
+                    // instance it shows changed.
+                    Notice::StateChange { .. } => instances.request_refresh(),
+                    // Nothing a describe shows: wake the Sandbox here.
                     Notice::ReclaimWarning { instance_id } => {
                         instances.warn_reclaim(instance_id);
-                        instance_id
+                        if let Some(sandbox) = instances.sandbox_of_instance(instance_id) {
+                            let _ = changed.try_send(sandbox);
+                        }
                     }
-                    Notice::StateChange { instance_id, .. } => {
-                        instances.request_refresh();
-                        instance_id
-                    }
-                };
-                if let Some(sandbox) = instances.sandbox_of_instance(id) {
-                    let _ = changed.try_send(sandbox);
                 }
             }
             if let Some(handle) = m.receipt_handle

@@ -60,11 +60,21 @@ pub(crate) enum CallKind {
 
 const MAX_THROTTLE_RETRIES: u32 = 8;
 
+/// The AWS SDK configuration of one region, with the endpoint override of
+/// local runs (moto), for every AWS client the operator makes.
+pub fn sdk_config_loader(region: &str, endpoint: Option<&str>) -> aws_config::ConfigLoader {
+    let loader =
+        aws_config::defaults(aws_config::BehaviorVersion::latest()).region(aws_config::Region::new(region.to_owned()));
+    match endpoint {
+        Some(endpoint) => loader.endpoint_url(endpoint),
+        None => loader,
+    }
+}
+
 impl Ec2 {
     pub async fn new(settings: Ec2Settings) -> Self {
         let settings = Arc::new(settings);
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new(settings.region.clone()))
+        let config = sdk_config_loader(&settings.region, settings.endpoint.as_deref())
             // Our own loop retries throttling only (typed, counted,
             // jittered). The SDK's standard retry also retries
             // InsufficientInstanceCapacity (HTTP 500) on the same type: under
@@ -77,11 +87,9 @@ impl Ec2 {
                     .operation_attempt_timeout(Duration::from_secs(30))
                     .connect_timeout(Duration::from_secs(5))
                     .build(),
-            );
-        if let Some(endpoint) = &settings.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        let config = loader.load().await;
+            )
+            .load()
+            .await;
         Self { client: aws_sdk_ec2::Client::new(&config), settings, calls: Arc::default() }
     }
 

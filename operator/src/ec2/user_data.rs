@@ -18,15 +18,18 @@ pub struct JoinConfig<'a> {
 
 const BOUNDARY: &str = "//hangar-nodeadm//";
 
-/// Where the worker writes when this attempt reaches `stopAfterSeconds`
-/// (Unix seconds), on the node's own disk (the worker's spool). A unit
+/// The worker's spool on the node's own disk (the chart's
+/// `HANGAR_SPOOL_DIR`): the worker writes there, in the file
+/// `HARD_STOP_FILE_NAME`, when this attempt reaches `stopAfterSeconds`
+/// (Unix seconds). A unit
 /// from the user data powers the instance off then — a stop, by the
 /// instance-initiated shutdown behaviour — so neither a lost operator nor a
 /// lost worker can let a session overrun its limit. The unit clears it at
 /// each boot: a resumed attempt gets its own deadline.
-pub const HARD_STOP_FILE: &str = "/var/lib/hangar/spool/hard-stop-at";
+const NODE_SPOOL_DIR: &str = "/var/lib/hangar/spool";
 
 pub fn render(c: &JoinConfig) -> String {
+    let hard_stop_file = format!("{NODE_SPOOL_DIR}/{}", hangar_crds::sandbox::HARD_STOP_FILE_NAME);
     let labels = c.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
     format!(
         "MIME-Version: 1.0\r
@@ -63,8 +66,8 @@ write_files:
     [Unit]
     Description=hangar hard stop: power off when the session's compute limit comes
     [Service]
-    ExecStartPre=/usr/bin/rm -f {HARD_STOP_FILE}
-    ExecStart=/usr/bin/bash -c 'while sleep 1; do t=$(cat {HARD_STOP_FILE} 2>/dev/null) || continue; [ -n \"$t\" ] && [ \"$(date +%%s)\" -ge \"$t\" ] && exec systemctl poweroff; done'
+    ExecStartPre=/usr/bin/rm -f {hard_stop_file}
+    ExecStart=/usr/bin/bash -c 'while sleep 1; do t=$(cat {hard_stop_file} 2>/dev/null) || continue; [ -n \"$t\" ] && [ \"$(date +%%s)\" -ge \"$t\" ] && exec systemctl poweroff; done'
     Restart=always
     [Install]
     WantedBy=multi-user.target

@@ -69,7 +69,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     // Counted from the watch cache, and only once it has listed (else it
     // would say 0 for a moment). Never awaited here: the cache is fed by the
     // same controller that runs this reconcile.
-    if matches!(futures::FutureExt::now_or_never(ctx.commands.wait_until_ready()), Some(Ok(()))) {
+    if hangar_runtime::kube_ext::has_listed(&ctx.commands) {
         status.commands = Some(command_counts(&ctx, &sandbox));
     }
     let mut failure = None;

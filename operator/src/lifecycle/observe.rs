@@ -120,7 +120,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     let last_heartbeat = lease.as_ref().and_then(|l| Some(l.spec.as_ref()?.renew_time.as_ref()?.0));
     // Judged only once the Lease cache has listed: before that, a missing
     // heartbeat says nothing about the worker.
-    let leases_known = matches!(futures::FutureExt::now_or_never(ctx.leases.wait_until_ready()), Some(Ok(())));
+    let leases_known = hangar_runtime::kube_ext::has_listed(&ctx.leases);
     let worker = lease.as_ref().and_then(|l| {
         let renewed = l.spec.as_ref()?.renew_time.as_ref()?.0;
         let age = now.as_second() - renewed.as_second();
@@ -184,6 +184,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         _ => true,
     };
 
+    let running_commands = running_commands(ctx, sandbox);
     let unfinished_commands =
         if matches!(phase, Phase::Stopping | Phase::ResetIncomplete) || matches!(desired(sandbox), Desired::End(_)) {
             let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
@@ -214,7 +215,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             unfinished_commands,
             pause_grace: ctx.settings.pause_grace(),
             resume_request: hangar_core::session::requests::resume_request(sandbox),
-            idle: idle(ctx, sandbox, now),
+            idle: idle(ctx, sandbox, now, running_commands > 0),
             stop_after: sandbox
                 .spec
                 .stop_after_seconds
@@ -224,7 +225,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             worker_lost_after: leases_known.then(|| Duration::from_secs(ctx.settings.worker_lost_seconds)),
             recovery_window: Duration::from_secs(ctx.settings.recovery_window_seconds),
             recovery_retry: Duration::from_secs(ctx.settings.recovery_retry_seconds.max(1)),
-            running_commands: running_commands(ctx, sandbox),
+            running_commands,
             reclaim_warned: instance.as_ref().is_some_and(|i| ctx.instances.reclaim_warned(&i.id)),
             agent_message,
         },
@@ -249,10 +250,14 @@ fn running_commands(ctx: &Context, sandbox: &Sandbox) -> usize {
 
 /// Mode commands: whether the session is active (a command running, or a
 /// client attached within the last 30 idle-clock seconds) and its policy.
-fn idle(ctx: &Context, sandbox: &Sandbox, now: Timestamp) -> Option<hangar_core::session::phase_machine::Idle> {
+fn idle(
+    ctx: &Context,
+    sandbox: &Sandbox,
+    now: Timestamp,
+    running: bool,
+) -> Option<hangar_core::session::phase_machine::Idle> {
     let policy = sandbox.spec.idle_policy()?;
     let second = ctx.settings.idle_second();
-    let running = running_commands(ctx, sandbox) > 0;
     let attached = kube::ResourceExt::annotations(sandbox)
         .get(hangar_core::idle::ATTACHED_AT_ANNOTATION)
         .and_then(|t| t.parse::<Timestamp>().ok())
