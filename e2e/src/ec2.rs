@@ -5,16 +5,21 @@ use aws_sdk_ec2::types::{Filter, InstanceStateName};
 
 pub const REGION: &str = "ap-southeast-2";
 
-pub async fn client(endpoint: &str) -> aws_sdk_ec2::Client {
+/// The SDK configuration for moto at `endpoint` (test credentials), for
+/// every AWS client of the harness.
+pub async fn sdk_config(endpoint: &str) -> aws_config::SdkConfig {
     crate::install_crypto_provider();
     let creds = aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "hangar-e2e");
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new(REGION))
         .endpoint_url(endpoint)
         .credentials_provider(creds)
         .load()
-        .await;
-    aws_sdk_ec2::Client::new(&config)
+        .await
+}
+
+pub async fn client(endpoint: &str) -> aws_sdk_ec2::Client {
+    aws_sdk_ec2::Client::new(&sdk_config(endpoint).await)
 }
 
 /// (instance id, state) of every instance tagged with this session.

@@ -5,15 +5,7 @@
 use serde_json::json;
 
 pub async fn client(endpoint: &str) -> aws_sdk_sqs::Client {
-    crate::install_crypto_provider();
-    let creds = aws_sdk_sqs::config::Credentials::new("testing", "testing", None, None, "hangar-e2e");
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(crate::ec2::REGION))
-        .endpoint_url(endpoint)
-        .credentials_provider(creds)
-        .load()
-        .await;
-    aws_sdk_sqs::Client::new(&config)
+    aws_sdk_sqs::Client::new(&crate::ec2::sdk_config(endpoint).await)
 }
 
 /// Makes the queue; returns its URL.

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
-use hangar_e2e::ec2_faults::{Fault, FaultProxy};
+use hangar_e2e::ec2_faults::Fault;
 use hangar_e2e::sessions::{self, ensure_namespace};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use k8s_openapi::api::core::v1::Secret;
@@ -15,23 +15,14 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-struct Faulty {
-    stack: LocalStack,
-}
-
-impl Faulty {
-    fn proxy(&self) -> &FaultProxy {
-        self.stack.ec2_proxy()
-    }
-}
-
-/// A stack whose operator reaches EC2 through the fault proxy.
-fn faulty() -> &'static Faulty {
-    static S: OnceLock<Faulty> = OnceLock::new();
+/// A stack whose operator reaches EC2 through the fault proxy
+/// (`ec2_proxy()`).
+fn faulty() -> &'static LocalStack {
+    static S: OnceLock<LocalStack> = OnceLock::new();
     S.get_or_init(|| {
         let cp = ControlPlane::start().expect("control plane");
         let opts = StackOptions { ec2_transitions: Some(std::time::Duration::ZERO), ..Default::default() };
-        Faulty { stack: LocalStack::start(cp, opts).expect("stack") }
+        LocalStack::start(cp, opts).expect("stack")
     })
 }
 
@@ -51,26 +42,26 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
     let f = faulty();
     // The Name tag (hangar-<namespace>-<name>) is in the RunInstances body.
     let marker = "hangar-faults-fallback";
-    f.proxy().inject(Fault {
+    f.ec2_proxy().inject(Fault {
         action: "RunInstances",
         body_contains: vec![marker.into()],
         code: "RequestLimitExceeded",
         status: 503,
         times: 2,
     });
-    f.proxy().inject(Fault {
+    f.ec2_proxy().inject(Fault {
         action: "RunInstances",
         body_contains: vec![marker.into(), "InstanceType=m7g.large".into()],
         code: "InsufficientInstanceCapacity",
         status: 500,
         times: 1,
     });
-    let (api, created) = start_session(&f.stack, "faults", "fallback").await;
-    let s = sessions::wait_phase(&f.stack, &api, "fallback", Phase::Running).await;
+    let (api, created) = start_session(f, "faults", "fallback").await;
+    let s = sessions::wait_phase(f, &api, "fallback", Phase::Running).await;
     let status = s.status.unwrap();
     assert_eq!(status.instance_type.as_deref(), Some("m6g.large"), "fell back to the second type of size small");
 
-    let calls: Vec<_> = f.proxy().seen(marker).into_iter().filter(|c| c.action == "RunInstances").collect();
+    let calls: Vec<_> = f.ec2_proxy().seen(marker).into_iter().filter(|c| c.action == "RunInstances").collect();
     let injected: Vec<Option<&str>> = calls.iter().map(|c| c.injected).collect();
     assert_eq!(
         injected,
@@ -82,14 +73,14 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
     // throttled tries cost well under a second before the capacity error.
     let retried_ms = (calls[2].at - calls[0].at).as_millis();
     eprintln!("figure: first throttled RunInstances → third try: {retried_ms} ms");
-    let metrics = f.stack.operator().metrics();
+    let metrics = f.operator().metrics();
     let throttled: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("hangar_ec2_throttled_total "))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     assert!(throttled >= 2, "throttles counted: {metrics}");
-    let ec2 = ec2_client(&f.stack.moto.endpoint()).await;
+    let ec2 = ec2_client(&f.moto.endpoint()).await;
     assert_eq!(session_instances(&ec2, &created.uid().unwrap()).await.len(), 1);
 }
 
@@ -97,7 +88,7 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
 async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     let f = faulty();
     let marker = "hangar-faults-badami";
-    f.proxy().inject(Fault {
+    f.ec2_proxy().inject(Fault {
         action: "RunInstances",
         body_contains: vec![marker.into()],
         code: "InvalidAMIID.NotFound",
@@ -105,15 +96,15 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
         // An unknown AMI stays unknown, however often it is tried.
         times: usize::MAX,
     });
-    let (api, created) = start_session(&f.stack, "faults", "badami").await;
+    let (api, created) = start_session(f, "faults", "badami").await;
     let session = created.uid().unwrap();
-    let s = sessions::wait_for(&f.stack, &api, "badami", "failed", |s| {
+    let s = sessions::wait_for(f, &api, "badami", "failed", |s| {
         let phase = sessions::phase(s);
         assert_ne!(
             phase,
             Some(Phase::Running),
             "launched past the injected fault; the proxy saw {:#?}",
-            f.proxy().seen(marker)
+            f.ec2_proxy().seen(marker)
         );
         phase == Some(Phase::Failed)
     })
@@ -125,12 +116,12 @@ async fn an_unknown_ami_fails_the_session_and_leaves_nothing_behind() {
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Failed"));
     assert!(ready.message.contains("InvalidAMIID"), "{}", ready.message);
 
-    let ec2 = ec2_client(&f.stack.moto.endpoint()).await;
+    let ec2 = ec2_client(&f.moto.endpoint()).await;
     assert!(session_instances(&ec2, &session).await.is_empty(), "no instance");
     assert!(session_volumes(&ec2, &session).await.is_empty(), "no volume");
-    let secrets: Api<Secret> = Api::namespaced(f.stack.cp.client().await.unwrap(), "hangar-system");
+    let secrets: Api<Secret> = Api::namespaced(f.cp.client().await.unwrap(), "hangar-system");
     assert!(secrets.get_opt(&format!("hangar-session-key-{session}")).await.unwrap().is_none(), "no key");
-    sessions::wait_for(&f.stack, &api, "badami", "without finalizer", |s| s.finalizers().is_empty()).await;
+    sessions::wait_for(f, &api, "badami", "without finalizer", |s| s.finalizers().is_empty()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,22 +129,22 @@ async fn a_resume_that_cannot_start_the_instance_stays_paused_until_asked_again(
     use hangar_crds::AttemptEnd;
     use kube::api::{Patch, PatchParams};
     let f = faulty();
-    let (api, _) = start_session(&f.stack, "faults", "noresume").await;
-    let s = sessions::wait_phase(&f.stack, &api, "noresume", Phase::Running).await;
+    let (api, _) = start_session(f, "faults", "noresume").await;
+    let s = sessions::wait_phase(f, &api, "noresume", Phase::Running).await;
     let instance = s.status.unwrap().instance_id.unwrap();
     sessions::set_state(&api, "noresume", "Paused").await.unwrap();
-    sessions::wait_phase(&f.stack, &api, "noresume", Phase::Paused).await;
+    sessions::wait_phase(f, &api, "noresume", Phase::Paused).await;
     // No capacity for the next two starts of this instance.
-    f.proxy().inject(Fault {
+    f.ec2_proxy().inject(Fault {
         action: "StartInstances",
         body_contains: vec![instance.clone()],
         code: "InsufficientInstanceCapacity",
         status: 500,
         times: 2,
     });
-    let starts = || f.proxy().seen(&instance).into_iter().filter(|c| c.action == "StartInstances").count();
+    let starts = || f.ec2_proxy().seen(&instance).into_iter().filter(|c| c.action == "StartInstances").count();
     sessions::set_state(&api, "noresume", "Running").await.unwrap();
-    let s = sessions::wait_for(&f.stack, &api, "noresume", "resume failed", |s| {
+    let s = sessions::wait_for(f, &api, "noresume", "resume failed", |s| {
         s.status.as_ref().is_some_and(|st| st.resume_failed.is_some() && st.phase == Some(Phase::Paused))
     })
     .await;
@@ -176,13 +167,13 @@ async fn a_resume_that_cannot_start_the_instance_stays_paused_until_asked_again(
     // A new request (the retry annotation): fails once more, then succeeds.
     let retry = |v: &str| json!({"metadata": {"annotations": {"hangar.dev/retry-resume": v}}});
     api.patch("noresume", &PatchParams::default(), &Patch::Merge(retry("1"))).await.unwrap();
-    sessions::wait_for(&f.stack, &api, "noresume", "failed again", |s| {
+    sessions::wait_for(f, &api, "noresume", "failed again", |s| {
         s.status.as_ref().is_some_and(|st| st.attempts.len() == attempts + 1 && st.phase == Some(Phase::Paused))
     })
     .await;
     assert_eq!(starts(), 2);
     api.patch("noresume", &PatchParams::default(), &Patch::Merge(retry("2"))).await.unwrap();
-    let s = sessions::wait_phase(&f.stack, &api, "noresume", Phase::Running).await;
+    let s = sessions::wait_phase(f, &api, "noresume", Phase::Running).await;
     let status = s.status.unwrap();
     assert!(status.resume_failed.is_none(), "cleared once it runs");
     assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()), "the same instance");

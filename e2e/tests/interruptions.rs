@@ -24,26 +24,17 @@ use std::sync::OnceLock;
 use hangar_crds::{AttemptCause, AttemptEnd, Command, CommandPhase, InterruptionCause, Phase, Sandbox, SandboxStatus};
 use hangar_e2e::commands::{self, wait_command_phase};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
-use hangar_e2e::ec2_faults::{Fault, FaultProxy};
+use hangar_e2e::ec2_faults::Fault;
 use hangar_e2e::sessions::{self, ensure_namespace, wait_for};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-struct Interrupting {
-    stack: LocalStack,
-}
-
-impl Interrupting {
-    /// The fault proxy in front of moto, playing EC2's in-between states.
-    fn proxy(&self) -> &FaultProxy {
-        self.stack.ec2_proxy()
-    }
-}
-
-fn env() -> &'static Interrupting {
-    static S: OnceLock<Interrupting> = OnceLock::new();
+/// The stack, with the fault proxy in front of moto playing EC2's
+/// in-between states (`ec2_proxy()`).
+fn stack() -> &'static LocalStack {
+    static S: OnceLock<LocalStack> = OnceLock::new();
     S.get_or_init(|| {
         let cp = ControlPlane::start().expect("control plane");
         let opts = StackOptions {
@@ -59,13 +50,13 @@ fn env() -> &'static Interrupting {
             ec2_transitions: Some(std::time::Duration::from_millis(1500)),
             ..Default::default()
         };
-        Interrupting { stack: LocalStack::start(cp, opts).expect("stack") }
+        LocalStack::start(cp, opts).expect("stack")
     })
 }
 
 /// A running session in mode `mode` with one command running `sleep 300`.
 async fn running_with_a_command(ns: &str, mode: &str, spec: serde_json::Value) -> (Api<Sandbox>, Api<Command>, String) {
-    let stack = &env().stack;
+    let stack = stack();
     let client = stack.cp.client().await.unwrap();
     ensure_namespace(&client, ns).await;
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
@@ -80,7 +71,7 @@ async fn running_with_a_command(ns: &str, mode: &str, spec: serde_json::Value) -
 }
 
 async fn ec2() -> aws_sdk_ec2::Client {
-    ec2_client(&env().stack.ec2_endpoint()).await
+    ec2_client(&stack().ec2_endpoint()).await
 }
 
 fn status(s: &Sandbox) -> SandboxStatus {
@@ -93,7 +84,7 @@ fn ends(s: &SandboxStatus) -> Vec<(AttemptCause, Option<AttemptEnd>)> {
 
 /// Waits until the session recovered: running again on attempt 2.
 async fn recovered(boxes: &Api<Sandbox>) -> SandboxStatus {
-    let s = wait_for(&env().stack, boxes, "box", "recovered on attempt 2", |s| {
+    let s = wait_for(stack(), boxes, "box", "recovered on attempt 2", |s| {
         let st = status(s);
         st.phase == Some(Phase::Running) && st.attempt == Some(2)
     })
@@ -103,7 +94,7 @@ async fn recovered(boxes: &Api<Sandbox>) -> SandboxStatus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaimed_instance_is_recovered_as_a_new_attempt_and_queued_commands_run_after() {
-    let stack = &env().stack;
+    let stack = stack();
     let (boxes, cmds, instance) = running_with_a_command("reclaimed", "commands", json!({})).await;
     // The reclamation: EC2 stops the instance; nobody asked for a pause.
     ec2().await.stop_instances().instance_ids(&instance).send().await.unwrap();
@@ -135,18 +126,18 @@ async fn a_reclaimed_instance_is_recovered_as_a_new_attempt_and_queued_commands_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_on_a_running_instance_is_stopped_and_started_once() {
-    let e = env();
+    let stack = stack();
     let (boxes, cmds, instance) = running_with_a_command("worker-lost", "commands", json!({})).await;
     let node = status(&boxes.get("box").await.unwrap()).node_name.unwrap();
-    e.stack.sim.hold_worker(&node);
+    stack.sim.hold_worker(&node);
 
     let st = recovered(&boxes).await;
     assert_eq!(ends(&st), vec![(AttemptCause::Launch, Some(AttemptEnd::WorkerLost)), (AttemptCause::Recovery, None)]);
     assert_eq!(st.interruptions[0].cause, InterruptionCause::WorkerLost);
-    wait_command_phase(&e.stack, &cmds, "long", CommandPhase::OutcomeUnknown).await;
+    wait_command_phase(stack, &cmds, "long", CommandPhase::OutcomeUnknown).await;
     // EC2 calls of the recovery: one StopInstances (normal, not forced),
     // one StartInstances.
-    let calls = e.proxy().seen(&instance);
+    let calls = stack.ec2_proxy().seen(&instance);
     let stops: Vec<_> = calls.iter().filter(|c| c.action == "StopInstances").collect();
     let starts = calls.iter().filter(|c| c.action == "StartInstances").count();
     assert_eq!(
@@ -160,7 +151,7 @@ async fn a_worker_lost_on_a_running_instance_is_stopped_and_started_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_instance_ends_the_session_outcome_unknown_and_resets_it() {
-    let stack = &env().stack;
+    let stack = stack();
     let (boxes, cmds, instance) = running_with_a_command("terminated", "commands", json!({})).await;
     let session_id = boxes.get("box").await.unwrap().uid().unwrap();
     ec2().await.terminate_instances().instance_ids(&instance).send().await.unwrap();
@@ -176,10 +167,10 @@ async fn a_terminated_instance_ends_the_session_outcome_unknown_and_resets_it() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_not_running_again_within_the_window_ends() {
-    let e = env();
+    let stack = stack();
     let (boxes, cmds, instance) = running_with_a_command("not-back", "commands", json!({})).await;
     // No capacity to start it again, for longer than the 15 s window.
-    e.proxy().inject(Fault {
+    stack.ec2_proxy().inject(Fault {
         action: "StartInstances",
         body_contains: vec![instance.clone()],
         code: "InsufficientInstanceCapacity",
@@ -188,7 +179,7 @@ async fn a_session_not_running_again_within_the_window_ends() {
     });
     ec2().await.stop_instances().instance_ids(&instance).send().await.unwrap();
 
-    let st = status(&sessions::wait_phase(&e.stack, &boxes, "box", Phase::Ended).await);
+    let st = status(&sessions::wait_phase(stack, &boxes, "box", Phase::Ended).await);
     assert_eq!(st.stop_reason.as_deref(), Some("interruption_lost"));
     assert_eq!(st.outcome.as_deref(), Some("outcome_unknown"));
     assert_eq!(
@@ -200,14 +191,14 @@ async fn a_session_not_running_again_within_the_window_ends() {
     let ended_at = st.reset.first().map(|r| r.confirmed_at.0).unwrap();
     assert!(ended_at.duration_since(detected).as_secs() >= 15, "waited the window out");
     // Asked again every 2 s meanwhile, not in a hot loop.
-    let starts = e.proxy().seen(&instance).iter().filter(|c| c.action == "StartInstances").count();
+    let starts = stack.ec2_proxy().seen(&instance).iter().filter(|c| c.action == "StartInstances").count();
     assert!((5..=12).contains(&starts), "StartInstances asked {starts} times over a 15 s window at a 2 s interval");
-    wait_command_phase(&e.stack, &cmds, "long", CommandPhase::OutcomeUnknown).await;
+    wait_command_phase(stack, &cmds, "long", CommandPhase::OutcomeUnknown).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mode_agent_is_never_recovered() {
-    let stack = &env().stack;
+    let stack = stack();
     let spec = json!({"command": ["sh", "-c", "sleep 300"]});
     let (boxes, _, instance) = running_with_a_command("agent-interrupted", "agent", spec).await;
     ec2().await.stop_instances().instance_ids(&instance).send().await.unwrap();
@@ -223,20 +214,20 @@ async fn mode_agent_is_never_recovered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclamation_while_pausing_is_an_interruption_not_a_pause() {
-    let e = env();
+    let stack = stack();
     let (boxes, cmds, instance) = running_with_a_command("pause-reclaimed", "commands", json!({})).await;
     let node = status(&boxes.get("box").await.unwrap()).node_name.unwrap();
     // A hung worker never reports the workspace closed, so the pause waits
     // its grace (30 s here) — and EC2 reclaims the instance meanwhile.
-    e.stack.sim.hold_worker(&node);
+    stack.sim.hold_worker(&node);
     sessions::set_state(&boxes, "box", "Paused").await.unwrap();
-    sessions::wait_phase(&e.stack, &boxes, "box", Phase::Pausing).await;
+    sessions::wait_phase(stack, &boxes, "box", Phase::Pausing).await;
     ec2().await.stop_instances().instance_ids(&instance).send().await.unwrap();
 
-    let st = status(&sessions::wait_phase(&e.stack, &boxes, "box", Phase::Paused).await);
+    let st = status(&sessions::wait_phase(stack, &boxes, "box", Phase::Paused).await);
     assert_eq!(ends(&st), vec![(AttemptCause::Launch, Some(AttemptEnd::Interrupted))], "an interruption, not a pause");
     assert_eq!(st.interruptions[0].cause, InterruptionCause::Reclaimed);
-    let long = wait_command_phase(&e.stack, &cmds, "long", CommandPhase::OutcomeUnknown).await;
+    let long = wait_command_phase(stack, &cmds, "long", CommandPhase::OutcomeUnknown).await;
     assert_ne!(long.status.unwrap().phase, Some(CommandPhase::KilledAtPause));
     // Paused as asked: a resume brings it back as a normal resume.
     sessions::set_state(&boxes, "box", "Running").await.unwrap();
