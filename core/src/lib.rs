@@ -12,11 +12,13 @@
 //! - `refusal`: a refusal and its contract error code
 //! - `idle`, `hard_stop`, `retention`: the session's clocks
 //! - `tokens`: a session token's expiry and phase
+//! - `images`: the image preflight (platform, size)
 
 pub mod admission;
 pub mod commands;
 pub mod hard_stop;
 pub mod idle;
+pub mod images;
 pub mod refusal;
 pub mod retention;
 pub mod session;

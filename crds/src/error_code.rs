@@ -22,6 +22,12 @@ pub enum ErrorCode {
     PreflightArchitecture,
     PreflightTooLarge,
     ImagePreflightPending,
+    /// Not in the contract's table: the preflight could not read the image
+    /// (no such manifest in its registry; the registry refused hangar's
+    /// credentials; unreachable for the preflight timeout). 422.
+    PreflightImageNotFound,
+    PreflightRegistryDenied,
+    PreflightRegistryUnreachable,
     SandboxLiveSnapshotUnsupported,
     /// Not in the contract's table: the gateway's per-caller and long-poll
     /// limits (429, with Retry-After).
@@ -29,7 +35,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadRequest,
         ErrorCode::SandboxRequestInvalid,
         ErrorCode::TokenInvalid,
@@ -46,6 +52,9 @@ impl ErrorCode {
         ErrorCode::PreflightArchitecture,
         ErrorCode::PreflightTooLarge,
         ErrorCode::ImagePreflightPending,
+        ErrorCode::PreflightImageNotFound,
+        ErrorCode::PreflightRegistryDenied,
+        ErrorCode::PreflightRegistryUnreachable,
         ErrorCode::SandboxLiveSnapshotUnsupported,
         ErrorCode::RateLimited,
     ];
@@ -68,6 +77,9 @@ impl ErrorCode {
             ErrorCode::PreflightArchitecture => "preflight_architecture",
             ErrorCode::PreflightTooLarge => "preflight_too_large",
             ErrorCode::ImagePreflightPending => "image_preflight_pending",
+            ErrorCode::PreflightImageNotFound => "preflight_image_not_found",
+            ErrorCode::PreflightRegistryDenied => "preflight_registry_denied",
+            ErrorCode::PreflightRegistryUnreachable => "preflight_registry_unreachable",
             ErrorCode::SandboxLiveSnapshotUnsupported => "sandbox_live_snapshot_unsupported",
             ErrorCode::RateLimited => "rate_limited",
         }
@@ -88,10 +100,19 @@ impl ErrorCode {
             | ErrorCode::SandboxEnded
             | ErrorCode::ImagePreflightPending => 409,
             ErrorCode::SandboxOutputErased => 410,
-            ErrorCode::PreflightArchitecture | ErrorCode::PreflightTooLarge => 422,
+            ErrorCode::PreflightArchitecture
+            | ErrorCode::PreflightTooLarge
+            | ErrorCode::PreflightImageNotFound
+            | ErrorCode::PreflightRegistryDenied
+            | ErrorCode::PreflightRegistryUnreachable => 422,
             ErrorCode::RateLimited => 429,
             ErrorCode::SandboxLiveSnapshotUnsupported => 501,
         }
+    }
+
+    /// The code named `text` (e.g. the code a status records).
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == text)
     }
 
     /// `"<code>: <message>"`, the shape every refusal message takes.

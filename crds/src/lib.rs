@@ -20,9 +20,9 @@ pub mod worker_identity;
 pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job_id};
 pub use error_code::ErrorCode;
 pub use sandbox::{
-    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CommandCounts, Companion, DesiredState,
-    Egress, IdleAction, IdlePolicy, Interruption, InterruptionCause, Mode, PauseProgress, Phase, ResetStepStatus,
-    ResumeFailure, Sandbox, SandboxSpec, SandboxStatus, Size,
+    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CheckedImage, CommandCounts, Companion,
+    DesiredState, Egress, IdleAction, IdlePolicy, ImagePreflight, Interruption, InterruptionCause, Mode, PauseProgress,
+    Phase, PreflightState, ResetStepStatus, ResumeFailure, Sandbox, SandboxSpec, SandboxStatus, Size,
 };
 pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
 pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};

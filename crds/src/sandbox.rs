@@ -273,6 +273,10 @@ pub struct SandboxStatus {
     /// interruption even while pausing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim_warned_at: Option<Time>,
+    /// The image preflight: every image the session runs (agent and
+    /// companions) read from its registry before any instance starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_preflight: Option<ImagePreflight>,
     /// Reset steps confirmed so far, in order (phases stopping,
     /// reset_incomplete, ended, failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -309,6 +313,47 @@ pub struct ResumeFailure {
     pub at: Option<Time>,
     /// Why, as EC2 said it.
     pub reason: String,
+}
+
+/// The image preflight's state and what it found.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePreflight {
+    pub state: PreflightState,
+    /// Refused: the contract's code (`preflight_architecture`,
+    /// `preflight_too_large`) or why the image could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Refused: the reason and the next step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Passed: each image, the linux/arm64 manifest it runs and its size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<CheckedImage>,
+    /// When the preflight began (a registry that stays unreachable fails
+    /// the session after the operator's preflight timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PreflightState {
+    /// Reading the images from their registries (`image_preflight_pending`).
+    #[default]
+    Pending,
+    Passed,
+    Refused,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckedImage {
+    /// As the spec names it (`repo@sha256:…`).
+    pub image: String,
+    /// The digest of its linux/arm64 image manifest (an index's entry).
+    pub manifest_digest: String,
+    /// Compressed size, each layer at the larger of declared and stored.
+    pub compressed_bytes: i64,
 }
 
 /// The node-side hard-stop deadline's file in the worker's spool directory

@@ -6,8 +6,11 @@
 #   - kube-apiserver: k8s.io/kubernetes cannot be required as-is (its go.mod
 #     points the k8s.io/<staging> modules at ./staging), so the wrapper
 #     replaces each of them with its published v0.<minor>.<patch>;
-#   - helm: helm.sh/helm/v3/cmd/helm from a wrapper module.
-# Usage: build-binaries.sh [etcd|kube-apiserver|helm ...]   (default: all)
+#   - helm: helm.sh/helm/v3/cmd/helm from a wrapper module;
+#   - registry: an OCI registry on loopback (go-containerregistry's
+#     pkg/registry) for the image preflight, from a wrapper main that binds
+#     127.0.0.1, prints its port and can ask for basic auth.
+# Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry ...]   (default: all)
 # Prints the cache's bin directory on stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -127,13 +130,73 @@ GO
   go_build helm "$HELM_VERSION" "$dir" helm.sh/helm/v3/cmd/helm "$ld"
 }
 
+build_registry() {
+  local out="$BIN/registry-$GGCR_VERSION"
+  [[ -x "$out" ]] && { log "registry $GGCR_VERSION cached"; return; }
+  local dir="$WORK/registry-$GGCR_VERSION"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cat >"$dir/main.go" <<'GO'
+// An in-memory OCI registry on 127.0.0.1 for hangar's local stack and tests.
+// -addr 127.0.0.1:0 picks a free port; the chosen one is printed as
+// "listening on 127.0.0.1:<port>". With HANGAR_REGISTRY_USER and
+// HANGAR_REGISTRY_PASSWORD set, every request needs basic auth (so the
+// operator's registry credentials are exercised).
+package main
+
+import (
+	"crypto/subtle"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:0", "listen address")
+	flag.Parse()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var h http.Handler = registry.New()
+	user, pass := os.Getenv("HANGAR_REGISTRY_USER"), os.Getenv("HANGAR_REGISTRY_PASSWORD")
+	if user != "" {
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			u, p, ok := r.BasicAuth()
+			if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(user)) != 1 ||
+				subtle.ConstantTimeCompare([]byte(p), []byte(pass)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Basic realm="hangar-test"`)
+				w.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			inner.ServeHTTP(w, r)
+		})
+	}
+	fmt.Printf("listening on %s\n", ln.Addr())
+	s := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	log.Fatal(s.Serve(ln))
+}
+GO
+  (cd "$dir" && go mod init hangar.local/registry >/dev/null 2>&1 &&
+    log "resolving github.com/google/go-containerregistry@$GGCR_VERSION" &&
+    go get "github.com/google/go-containerregistry@$GGCR_VERSION" >&2 && go mod tidy >&2)
+  go_build registry "$GGCR_VERSION" "$dir" .
+}
+
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm)
+[[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm registry)
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) build_etcd ;;
     kube-apiserver) build_kube ;;
     helm) build_helm ;;
+    registry) build_registry ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

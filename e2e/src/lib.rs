@@ -20,6 +20,7 @@ pub mod operator;
 pub mod paths;
 pub mod pki;
 pub mod process;
+pub mod registry;
 pub mod sessions;
 pub mod stack;
 pub mod webhook;

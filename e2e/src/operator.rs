@@ -29,17 +29,26 @@ pub struct OperatorProcess {
     pub metrics_port: u16,
     kubeconfig: PathBuf,
     ec2_endpoint: String,
+    /// `HANGAR_REGISTRY_ENDPOINTS`: where the image preflight reads each
+    /// registry host from (`registry.hangar.test=http://127.0.0.1:<port>`).
+    registry_endpoints: String,
     log: PathBuf,
     extra_env: Vec<(String, String)>,
 }
 
 impl OperatorProcess {
-    pub fn start(cp: &ControlPlane, ec2_endpoint: &str, extra_env: &[(&str, &str)]) -> Result<Self> {
+    pub fn start(
+        cp: &ControlPlane,
+        ec2_endpoint: &str,
+        registry_endpoints: &str,
+        extra_env: &[(&str, &str)],
+    ) -> Result<Self> {
         let mut op = Self {
             process: None,
             metrics_port: 0,
             kubeconfig: cp.kubeconfig.clone(),
             ec2_endpoint: ec2_endpoint.to_owned(),
+            registry_endpoints: registry_endpoints.to_owned(),
             log: cp.dir().join("operator.log"),
             extra_env: extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
@@ -61,6 +70,7 @@ impl OperatorProcess {
             .env("HANGAR_DESCRIBE_INTERVAL_MS", "300")
             .env("HANGAR_ORPHAN_SWEEP_SECONDS", "2")
             .env("HANGAR_DEBUG_SAMPLES", "true")
+            .env("HANGAR_REGISTRY_ENDPOINTS", &self.registry_endpoints)
             .env("RUST_LOG", std::env::var("HANGAR_OPERATOR_LOG").unwrap_or_else(|_| "info".into()));
         for (k, v) in &self.extra_env {
             cmd.env(k, v);

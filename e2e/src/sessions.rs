@@ -10,8 +10,10 @@ use serde_json::{Value, json};
 
 use crate::stack::LocalStack;
 
+/// `registry::test_agent_image()`, which every stack pushes to its loopback
+/// registry (linux/arm64, one layer; reproducible, so its digest is fixed).
 pub const TEST_IMAGE: &str =
-    "registry.example/agent@sha256:4f5b5c1a9d2e3f40718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+    "registry.hangar.test/hangar/agent@sha256:242b72cb94d3c68f6f53e738df55303ccd656614dc3d7a4de3b893025938814f";
 pub const DEADLINE: Duration = Duration::from_secs(90);
 
 pub async fn ensure_namespace(client: &kube::Client, name: &str) {

@@ -11,6 +11,7 @@ use crate::gateway::{GatewayClient, GatewayProcess};
 use crate::moto::Moto;
 use crate::node_sim::{NodeSimulator, SimConfig};
 use crate::operator::{CLUSTER_NAME, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
+use crate::registry::Registry;
 use crate::webhook::WebhookProcess;
 
 pub struct LocalStack {
@@ -26,6 +27,8 @@ pub struct LocalStack {
     /// the operator and the node simulator both go through it.
     pub ec2_proxy: Option<FaultProxy>,
     pub moto: Moto,
+    /// The OCI registry the images are read from (`registry.hangar.test`).
+    pub registry: Registry,
     pub cp: ControlPlane,
 }
 
@@ -40,11 +43,17 @@ pub struct StackOptions {
     /// long in pending, stopping and shutting-down (moto's own changes are
     /// instant). `Some(Duration::ZERO)`: the proxy alone, for its faults.
     pub ec2_transitions: Option<std::time::Duration>,
+    /// More registry hosts for the operator's preflight, `(host, url)`,
+    /// beside `registry.hangar.test` (the stack's own registry).
+    pub registry_endpoints: Vec<(String, String)>,
 }
 
 impl LocalStack {
     pub fn start(cp: ControlPlane, opts: StackOptions) -> Result<Self> {
         let moto = Moto::start(Some(cp.dir()))?;
+        let registry = Registry::start(cp.dir(), None)?;
+        let pushed = registry.push(&crate::registry::test_agent_image());
+        assert_eq!(pushed, crate::sessions::TEST_IMAGE, "the test image is reproducible: update sessions::TEST_IMAGE");
         let status = cp
             .kubectl()
             .args(["create", "namespace", SYSTEM_NAMESPACE])
@@ -58,7 +67,11 @@ impl LocalStack {
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let ec2_proxy = opts.ec2_transitions.map(|d| FaultProxy::start_with_transitions(moto.port, d));
         let ec2_endpoint = ec2_proxy.as_ref().map_or_else(|| moto.endpoint(), FaultProxy::endpoint);
-        let operator = OperatorProcess::start(&cp, &ec2_endpoint, &env)?;
+        let registries = std::iter::once(format!("{}={}", crate::registry::REGISTRY_HOST, registry.endpoint()))
+            .chain(opts.registry_endpoints.iter().map(|(h, u)| format!("{h}={u}")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let operator = OperatorProcess::start(&cp, &ec2_endpoint, &registries, &env)?;
         let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();
         let (gateway, gateway_replica) = (replicas.next().expect("replica 0"), replicas.next().expect("replica 1"));
         let sim = NodeSimulator::start(SimConfig {
@@ -74,7 +87,17 @@ impl LocalStack {
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
         });
-        Ok(Self { sim, operator: Mutex::new(operator), gateway, gateway_replica, webhook, ec2_proxy, moto, cp })
+        Ok(Self {
+            sim,
+            operator: Mutex::new(operator),
+            gateway,
+            gateway_replica,
+            webhook,
+            ec2_proxy,
+            moto,
+            registry,
+            cp,
+        })
     }
 
     /// The EC2 endpoint the operator talks to (the proxy when there is one).
@@ -107,6 +130,7 @@ impl LocalStack {
     /// with its log tail.
     pub fn check_alive(&mut self) -> Result<()> {
         self.moto.check_alive()?;
+        self.registry.check_alive()?;
         self.webhook.check_alive()?;
         self.gateway.check_alive()?;
         self.gateway_replica.check_alive()?;

@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hangar_e2e::registry::{EXAMPLE_IMAGES, Image, example_images};
+
 /// Kills hangar-up if the test fails before it stops it.
 struct KillOnDrop(std::process::Child);
 
@@ -52,6 +54,19 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     assert_eq!(crds.lines().filter(|l| l.contains("hangar.dev")).count(), 4, "{crds}");
 
     let examples = hangar_e2e::paths::repo_root().join("examples");
+    // The examples name the images hangar-up pushed, by their digests.
+    for file in std::fs::read_dir(&examples).unwrap().flatten() {
+        let text = std::fs::read_to_string(file.path()).unwrap();
+        for image in
+            text.lines().filter_map(|l| l.trim().strip_prefix("image: ").or(l.trim().strip_prefix("- image: ")))
+        {
+            assert!(
+                EXAMPLE_IMAGES.contains(&image),
+                "{}: {image} is not an image hangar-up pushes",
+                file.path().display()
+            );
+        }
+    }
     let (ok, out) = kubectl(&["apply", "-f", examples.to_str().unwrap()]);
     assert!(ok, "kubectl apply -f examples/: {out}");
     let (ok, out) = kubectl(&["get", "sbx"]);
@@ -71,6 +86,20 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     };
     // The operator and node simulator bring the example sessions up.
     wait_jsonpath(&["get", "sbx", "dev-box", "-o", "jsonpath={.status.phase}"], "running");
+    // Its image came from the loopback registry: an index of amd64 and
+    // arm64, judged (and run) on its arm64 entry.
+    let Image::Index { entries, .. } = &example_images()[0] else { panic!("the example agent image is an index") };
+    let arm64 = entries.iter().find(|(_, arch, _)| arch == "arm64").expect("an arm64 entry").2.digest();
+    wait_jsonpath(
+        &[
+            "get",
+            "sbx",
+            "dev-box",
+            "-o",
+            "jsonpath={.status.imagePreflight.state} {.status.imagePreflight.images[0].manifestDigest}",
+        ],
+        &format!("Passed {arm64}"),
+    );
     // The example command runs to success through webhook, operator,
     // worker and supervisor (number 1, exit code 0).
     wait_jsonpath(
@@ -84,6 +113,7 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
         ("etcd", 1),
         ("kube-apiserver", 1),
         ("moto_server", 1),
+        ("registry-", 1),
         ("hangar-webhook", 1),
         ("hangar-operator", 1),
         ("hangar-gateway", 2),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::InstanceStateName;
 use hangar_crds::{AttemptCause, AttemptEnd, Phase, Sandbox};
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
+use hangar_e2e::registry::{Image, Manifest};
 use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace as namespace, phase};
 use hangar_e2e::shared_stack;
 use k8s_openapi::api::core::v1::Secret;
@@ -184,7 +185,8 @@ async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch
     let stack = shared_stack();
     let client = stack.cp.client().await.unwrap();
     namespace(&client, "templates").await;
-    let image = "registry.example/python-dev@sha256:9e8d7c6b5a4f30e1d2c3b4a5968778695a4b3c2d1e0f9e8d7c6b5a4f30e1d2c3";
+    let built = Manifest::of("linux", "arm64", &[("etc/python-dev", b"python-dev 2.0\n")]);
+    let image = &stack.registry.push(&Image::single("templates/python-dev", built));
     let template: SandboxTemplate = serde_json::from_value(json!({
         "apiVersion": "hangar.dev/v1alpha1", "kind": "SandboxTemplate",
         "metadata": {"name": "python-dev-2-0"},
@@ -200,7 +202,7 @@ async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch
     api.create(&PostParams::default(), &from_template).await.unwrap();
     wait_for(&api, "templated", "running", |s| phase(s) == Some(Phase::Running)).await;
     let pod = Api::<Pod>::namespaced(client.clone(), "templates").get("hangar-agent-templated").await.unwrap();
-    assert_eq!(pod.spec.unwrap().containers[0].image.as_deref(), Some(image));
+    assert_eq!(pod.spec.unwrap().containers[0].image.as_deref(), Some(image.as_str()));
 
     let unknown = sessions::sandbox("untemplated", "commands", json!({"image": null, "template": "nope@1.0"}));
     let created = api.create(&PostParams::default(), &unknown).await.unwrap();

@@ -26,6 +26,8 @@ pub fn session(s: &Sandbox) -> Value {
         "idleSeconds": st.idle_seconds,
         "billing": st.billing,
         "commands": st.commands,
+        // The preflight's state; refused: the code, the reason and the next step.
+        "imagePreflight": st.image_preflight,
     })
 }
 

@@ -41,6 +41,8 @@ pub struct Context {
     /// The SessionToken controller's cache, once it runs: the command
     /// controller asks it whether a sender's token has ended.
     pub tokens: std::sync::OnceLock<Store<hangar_crds::SessionToken>>,
+    /// The image preflights: cached by image, run in the background.
+    pub preflights: Arc<crate::images::preflights::Preflights>,
 }
 
 impl Context {

@@ -7,6 +7,7 @@
 //!   the batched instance watcher, user data), configured by its own
 //!   `Ec2Settings`; `orphan_sweep`: instances and volumes whose session
 //!   is gone
+//! - `images/`: the image preflight (registry reads, cached checks)
 //! - `node/`: node labels and taint, the agent Pod
 //! - `commands/`: the Command controller (numbering, cancel of queued ones);
 //!   `numbering_state`: what it remembers between reconciles;
@@ -24,6 +25,7 @@ pub mod context;
 pub mod ec2;
 pub mod error;
 pub mod failpoint;
+pub mod images;
 pub mod keys;
 pub mod lifecycle;
 pub mod metrics;

@@ -106,8 +106,16 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         let sqs = interruption_queue::client(&settings.aws_region, settings.sqs_endpoint.as_deref()).await;
         tokio::spawn(interruption_queue::run(sqs, queue_url, instances.clone(), changes_tx.clone()));
     }
-    tokio::spawn(instances.clone().run(ec2.clone(), settings.describe_interval(), changes_tx));
+    tokio::spawn(instances.clone().run(ec2.clone(), settings.describe_interval(), changes_tx.clone()));
 
+    let registries = hangar_operator::images::registry::Registries::new(&settings.registry_endpoints)?;
+    let preflights = hangar_operator::images::preflights::Preflights::new(
+        registries,
+        client.clone(),
+        settings.registry_credentials_secret.clone().map(|name| (settings.system_namespace.clone(), name)),
+        changes_tx.clone(),
+        metrics.image_preflight_checks.clone(),
+    );
     let (nodes, node_writer) = reflector::store();
     let (leases, lease_writer) = reflector::store();
     let (commands, command_writer) = reflector::store();
@@ -132,6 +140,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         sealed_output_keys: Default::default(),
         own_writes: Default::default(),
         tokens: Default::default(),
+        preflights,
     });
     readiness.set_ready();
     tokio::spawn(sweep_loop(

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub reconciles: Counter,
     pub reconcile_errors: Counter,
     pub watched_instances: Gauge,
+    /// Image preflights run (a cached result runs none).
+    pub image_preflight_checks: Counter,
     node_ready_to_running: Histogram,
     event_to_running: Histogram,
     workspace_closed_to_stop: Histogram,
@@ -74,6 +76,7 @@ impl Default for Metrics {
             reconciles: Counter::default(),
             reconcile_errors: Counter::default(),
             watched_instances: Gauge::default(),
+            image_preflight_checks: Counter::default(),
             node_ready_to_running: Histogram::new(latency_buckets()),
             event_to_running: Histogram::new(latency_buckets()),
             workspace_closed_to_stop: Histogram::new(latency_buckets()),
@@ -90,6 +93,11 @@ impl Metrics {
         registry.register("reconciles", "Sandbox reconciles run", self.reconciles.clone());
         registry.register("reconcile_errors", "Sandbox reconciles that failed", self.reconcile_errors.clone());
         registry.register("watched_instances", "EC2 instances the watcher knows", self.watched_instances.clone());
+        registry.register(
+            "image_preflight_checks",
+            "Image preflights run against a registry (cached results run none)",
+            self.image_preflight_checks.clone(),
+        );
         registry.register("ec2_mutating_calls", "EC2 calls that change something", ec2.mutating.clone());
         registry.register(
             "ec2_describe_instances_calls",

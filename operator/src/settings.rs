@@ -127,6 +127,20 @@ pub struct Settings {
     /// SQS endpoint override (moto in local runs).
     #[arg(long, env = "HANGAR_SQS_ENDPOINT")]
     pub sqs_endpoint: Option<String>,
+    /// Where to reach a registry host, `host=url`, repeatable (like
+    /// containerd's mirrors): images keep their names, the preflight reads
+    /// them from `url`. `http://` only for a loopback registry.
+    #[arg(long = "registry-endpoint", env = "HANGAR_REGISTRY_ENDPOINTS", value_delimiter = ',', value_parser = parse_pair)]
+    pub registry_endpoints: Vec<(String, String)>,
+    /// A `kubernetes.io/dockerconfigjson` Secret in the operator's namespace
+    /// with credentials for the registries the preflight reads; read at
+    /// each check, so a rotated Secret is used at once.
+    #[arg(long, env = "HANGAR_REGISTRY_CREDENTIALS_SECRET")]
+    pub registry_credentials_secret: Option<String>,
+    /// An image preflight that cannot reach its registry for this long
+    /// fails the session (`preflight_registry_unreachable`).
+    #[arg(long, env = "HANGAR_PREFLIGHT_TIMEOUT_SECONDS", default_value_t = 600)]
+    pub preflight_timeout_seconds: u64,
     #[arg(long)]
     pub print_settings: bool,
 }

@@ -26,6 +26,9 @@ pub enum StopReason {
     LaunchFailed(String),
     /// `spec.template` names no registered template.
     TemplateNotFound(String),
+    /// An image failed its preflight (or could not be read) before any
+    /// instance started: the refusal's code and why.
+    Preflight(crate::refusal::Refusal),
     /// Mode commands: idle for `idleTimeoutSeconds` with `idleAction: end`.
     IdleTimeout,
     /// The metered compute reached `stopAfterSeconds`.
@@ -48,6 +51,7 @@ impl StopReason {
             Self::InsufficientCapacity(_) => "insufficient_capacity",
             Self::LaunchFailed(_) => "launch_failed",
             Self::TemplateNotFound(_) => "template_not_found",
+            Self::Preflight(r) => r.code.as_str(),
             Self::IdleTimeout => "idle_timeout",
             Self::StopAfter => "stop_after",
             Self::PausedTooLong => "paused_too_long",
@@ -63,6 +67,7 @@ impl StopReason {
             | Self::AgentStartFailed(d) => {
                 format!("{}: {d}", self.code())
             }
+            Self::Preflight(r) => r.message(),
             _ => self.code().to_owned(),
         }
     }

@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use hangar_crds::{
-    Attempt, AttemptCause, AttemptEnd, Interruption, InterruptionCause, Mode, PauseProgress, Phase, ResetStepStatus,
-    SandboxStatus,
+    Attempt, AttemptCause, AttemptEnd, CheckedImage, ImagePreflight, Interruption, InterruptionCause, Mode,
+    PauseProgress, Phase, PreflightState, ResetStepStatus, SandboxStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -43,6 +43,19 @@ pub enum AgentState {
     Pending,
     Running,
     Exited(i32),
+}
+
+/// The image preflight as the operator found it: checks in flight, every
+/// image passed, or one refused (or a template that cannot be used).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ImageCheck {
+    /// Some image is still being read; `note` says what it waits for (a
+    /// registry that does not answer, say).
+    Pending {
+        note: Option<String>,
+    },
+    Passed(Vec<CheckedImage>),
+    Refused(StopReason),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +113,8 @@ pub struct Observed {
     pub agent_message: Option<String>,
     /// EC2 warned that the instance is about to be reclaimed.
     pub reclaim_warned: bool,
+    /// The image preflight (consulted only before the first launch).
+    pub images: ImageCheck,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +128,9 @@ pub struct Idle {
 /// A side effect, executed in order by the reconciler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Read the session's images from their registries (in the background;
+    /// the result wakes the session).
+    PreflightImages,
     EnsureKey,
     Launch,
     EnsureVolume,
@@ -248,6 +266,16 @@ fn launching(p: &mut Plan, obs: &Observed) {
     if let Desired::End(reason) = &obs.desired {
         return begin_stop(p, obs, reason);
     }
+    // Before the first launch, every image passes its preflight: nothing
+    // is made (no key, no EC2 call) until then. A pass that launched but
+    // lost its status write records the (cached) result afterwards.
+    let launched = obs.instance.is_some() || p.status.instance_id.is_some();
+    if !launched && !preflight_passed(p, obs) {
+        return;
+    }
+    if launched && matches!(&obs.images, ImageCheck::Passed(images) if !images.is_empty()) {
+        preflight_passed(p, obs);
+    }
     if !obs.key_present {
         p.actions.push(Action::EnsureKey);
     }
@@ -276,6 +304,60 @@ fn launching(p: &mut Plan, obs: &Observed) {
             if attempt_ready(p, obs) && p.status.volume_attached == Some(true) {
                 set_phase(p, Phase::Running, "Running", "node ready, worker reporting, agent running".into());
             }
+        }
+    }
+}
+
+/// Folds the preflight into the status; `true` once every image passed.
+fn preflight_passed(p: &mut Plan, obs: &Observed) -> bool {
+    let already = p.status.image_preflight.as_ref().is_some_and(|i| i.state == PreflightState::Passed);
+    match &obs.images {
+        _ if already => true,
+        ImageCheck::Passed(images) => {
+            let total: i64 = images.iter().map(|i| i.compressed_bytes).sum();
+            let started_at = p.status.image_preflight.as_ref().and_then(|i| i.started_at.clone());
+            p.status.image_preflight = Some(ImagePreflight {
+                state: PreflightState::Passed,
+                images: images.clone(),
+                started_at,
+                ..Default::default()
+            });
+            p.events.push((
+                "PreflightPassed",
+                format!("{} image(s) are linux/arm64, {total} bytes compressed", images.len()),
+            ));
+            true
+        }
+        ImageCheck::Pending { note } => {
+            let started_at = p.status.image_preflight.as_ref().and_then(|i| i.started_at.clone());
+            let started = started_at.is_none();
+            p.status.image_preflight = Some(ImagePreflight {
+                state: PreflightState::Pending,
+                code: Some(hangar_crds::ErrorCode::ImagePreflightPending.as_str().into()),
+                message: Some(note.clone().unwrap_or_else(|| "reading the images from their registries".into())),
+                started_at: Some(started_at.unwrap_or_else(|| ts(obs.now))),
+                ..Default::default()
+            });
+            if started {
+                p.events.push(("ImagePreflight", "checking the images before any instance starts".into()));
+            }
+            p.actions.push(Action::PreflightImages);
+            false
+        }
+        ImageCheck::Refused(reason) => {
+            let text = reason.text();
+            let message = text.split_once(": ").map_or(text.as_str(), |(_, m)| m).to_owned();
+            let started_at = p.status.image_preflight.as_ref().and_then(|i| i.started_at.clone());
+            p.status.image_preflight = Some(ImagePreflight {
+                state: PreflightState::Refused,
+                code: Some(reason.code().into()),
+                message: Some(message),
+                started_at,
+                ..Default::default()
+            });
+            p.events.push(("PreflightFailed", text));
+            begin_stop(p, obs, reason);
+            false
         }
     }
 }
@@ -783,6 +865,7 @@ mod tests {
             running_commands: 0,
             reclaim_warned: false,
             agent_message: None,
+            images: ImageCheck::Passed(vec![]),
         }
     }
 
@@ -810,6 +893,56 @@ mod tests {
         assert_eq!(p.status.phase, Some(Phase::Launching));
         assert_eq!(p.status.attempt, Some(1));
         assert_eq!(p.status.attempts[0].cause, AttemptCause::Launch);
+    }
+
+    #[test]
+    fn nothing_is_made_until_every_image_passed_its_preflight() {
+        let pending = Observed { key_present: false, images: ImageCheck::Pending { note: None }, ..obs(0) };
+        let p = plan(&SandboxStatus::default(), &pending);
+        assert_eq!(p.actions, vec![Action::PreflightImages], "no key, no launch while checking");
+        let pre = p.status.image_preflight.clone().unwrap();
+        assert_eq!((pre.state, pre.code.as_deref()), (PreflightState::Pending, Some("image_preflight_pending")));
+        assert!(p.status.attempts.is_empty());
+        // Still pending later: the start time stays the first one.
+        let again = plan(&p.status, &Observed { now: at(5), ..pending.clone() });
+        assert_eq!(again.status.image_preflight.unwrap().started_at, pre.started_at);
+
+        let image =
+            CheckedImage { image: "r/i@sha256:aa".into(), manifest_digest: "sha256:bb".into(), compressed_bytes: 42 };
+        let passed = Observed { key_present: false, images: ImageCheck::Passed(vec![image.clone()]), ..obs(6) };
+        let p = plan(&p.status, &passed);
+        assert_eq!(p.actions, vec![Action::EnsureKey, Action::Launch]);
+        let pre = p.status.image_preflight.clone().unwrap();
+        assert_eq!((pre.state, pre.images), (PreflightState::Passed, vec![image]));
+        // Once passed, the check is not consulted again (a resume, say).
+        let later = plan(&p.status, &Observed { images: ImageCheck::Pending { note: None }, ..obs(7) });
+        assert!(!later.actions.contains(&Action::PreflightImages));
+    }
+
+    #[test]
+    fn a_refused_image_fails_the_session_before_any_instance() {
+        let refusal =
+            crate::refusal::Refusal::new(hangar_crds::ErrorCode::PreflightArchitecture, "r/i is a linux/amd64 image");
+        let o = Observed {
+            key_present: false,
+            volume: VolumeState::Absent,
+            images: ImageCheck::Refused(StopReason::Preflight(refusal)),
+            ..obs(0)
+        };
+        let p = plan(&SandboxStatus::default(), &o);
+        assert!(
+            !p.actions.iter().any(|a| matches!(
+                a,
+                Action::Launch | Action::EnsureKey | Action::TerminateInstance | Action::DeleteVolume
+            )),
+            "{:?}",
+            p.actions
+        );
+        assert_eq!(p.status.phase, Some(Phase::Failed));
+        assert_eq!(p.status.stop_reason.as_deref(), Some("preflight_architecture: r/i is a linux/amd64 image"));
+        let pre = p.status.image_preflight.unwrap();
+        assert_eq!((pre.state, pre.code.as_deref()), (PreflightState::Refused, Some("preflight_architecture")));
+        assert!(p.events.iter().any(|(r, _)| *r == "PreflightFailed"));
     }
 
     #[test]

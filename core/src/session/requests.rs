@@ -9,7 +9,7 @@
 //! - stop and Revoke All work in every state before the end;
 //! - after the end, nothing (`sandbox_ended`).
 
-use hangar_crds::sandbox::{DesiredState, Mode, Phase};
+use hangar_crds::sandbox::{DesiredState, Mode, Phase, PreflightState};
 use hangar_crds::{ErrorCode, Sandbox};
 use serde_json::{Value, json};
 
@@ -43,7 +43,15 @@ pub fn change(
     request: Request,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Result<Option<Value>, Refusal> {
+    let preflight = session.status.as_ref().and_then(|s| s.image_preflight.as_ref());
     if session.has_ended() {
+        // A session that never ran because an image failed its preflight
+        // answers with that refusal (422), which says what to fix.
+        if let Some(p) = preflight.filter(|p| p.state == PreflightState::Refused)
+            && let Some(code) = p.code.as_deref().and_then(ErrorCode::parse)
+        {
+            return Err(Refusal::new(code, p.message.clone().unwrap_or_default()));
+        }
         return Err(Refusal::new(ErrorCode::SandboxEnded, "the session has ended"));
     }
     let phase = session.status.as_ref().and_then(|s| s.phase);
@@ -53,6 +61,12 @@ pub fn change(
                 return Err(Refusal::new(
                     ErrorCode::SandboxPauseUnavailable,
                     "a session in mode agent cannot pause: its agent is the main process, and processes do not survive a pause",
+                ));
+            }
+            if preflight.is_some_and(|p| p.state == PreflightState::Pending) {
+                return Err(Refusal::new(
+                    ErrorCode::ImagePreflightPending,
+                    "the session's images are still being checked; it is not running yet",
                 ));
             }
             if session.spec.state != DesiredState::Running || phase != Some(Phase::Running) {
@@ -96,6 +110,24 @@ mod tests {
             Ok(None) => "unchanged".into(),
             Err(r) => r.code.as_str().into(),
         }
+    }
+
+    #[test]
+    fn a_session_under_or_after_a_failed_preflight_says_so() {
+        let now = "2026-12-01T10:00:00Z".parse().unwrap();
+        let mut s = session("commands", "Running", "launching");
+        s.status.as_mut().unwrap().image_preflight =
+            Some(hangar_crds::ImagePreflight { state: PreflightState::Pending, ..Default::default() });
+        assert_eq!(code(change(&s, Request::Pause, now)), "image_preflight_pending");
+        let mut failed = session("commands", "Running", "failed");
+        failed.status.as_mut().unwrap().image_preflight = Some(hangar_crds::ImagePreflight {
+            state: PreflightState::Refused,
+            code: Some("preflight_too_large".into()),
+            message: Some("r/i is 9 GiB".into()),
+            ..Default::default()
+        });
+        let refusal = change(&failed, Request::Resume, now).unwrap_err();
+        assert_eq!((refusal.code, refusal.code.http_status()), (ErrorCode::PreflightTooLarge, 422));
     }
 
     #[test]

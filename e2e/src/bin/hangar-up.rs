@@ -33,6 +33,11 @@ fn run() -> hangar_e2e::Result<()> {
     // real cluster would (moto's own changes are instant).
     let opts = StackOptions { ec2_transitions: Some(std::time::Duration::from_secs(1)), ..Default::default() };
     let mut stack = LocalStack::start(cp, opts)?;
+    // The examples run images from the loopback registry (by digest: the
+    // images are reproducible); the operator's preflight reads them there.
+    for image in hangar_e2e::registry::example_images() {
+        eprintln!("hangar-up: pushed {}", stack.registry.push(&image));
+    }
     eprintln!("hangar-up: waiting for the operator to be ready (organisation key loaded, EC2 described)");
     stack.operator().wait_ready(std::time::Duration::from_secs(180))?;
 
@@ -41,6 +46,7 @@ fn run() -> hangar_e2e::Result<()> {
     println!();
     println!("  export KUBECONFIG={}", stack.cp.kubeconfig.display());
     println!("  export AWS_ENDPOINT_URL={}", stack.ec2_endpoint());
+    println!("  # images: {} serves {}", stack.registry.endpoint(), hangar_e2e::registry::REGISTRY_HOST);
     println!("  kubectl get crd | grep hangar.dev");
     println!("  kubectl apply -f examples/");
     println!("  kubectl get sbx -w");

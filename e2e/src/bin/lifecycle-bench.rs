@@ -42,6 +42,7 @@ fn main() {
             ],
             worker_heartbeat_ms: Some(2000),
             ec2_transitions: None,
+            registry_endpoints: vec![],
         },
     )
     .expect("stack");

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use hangar_crds::{CommandPhase, Sandbox, SandboxStatus, SandboxTemplate, output_keys};
+use hangar_crds::{CommandPhase, Sandbox, SandboxStatus, output_keys};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -50,6 +50,10 @@ pub async fn execute(
         name: s.name,
     };
     match action {
+        Action::PreflightImages => {
+            ctx.preflights.start(&obs.images, kube::runtime::reflector::ObjectRef::from_obj(s.sandbox));
+            Ok(())
+        }
         Action::EnsureKey => ensure_key(ctx, s.session_id).await,
         Action::Launch => launch(ctx, s, &tags, status).await,
         Action::EnsureVolume => {
@@ -73,7 +77,7 @@ pub async fn execute(
         Action::PrepareNode => prepare_node(ctx, s, obs, status).await,
         Action::CreateAgentPod => {
             let Some(node) = obs.node.as_ref().and_then(|n| n.metadata.name.clone()) else { return Ok(()) };
-            let Some(image) = agent_image(ctx, s.sandbox).await? else { return Ok(()) };
+            let Some(image) = crate::images::agent_image(ctx, s.sandbox).await? else { return Ok(()) };
             let pod = agent_pod::build(s.sandbox, s.session_id, &node, &image);
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
             match pods.create(&PostParams::default(), &pod).await {
@@ -208,36 +212,8 @@ async fn ensure_key(ctx: &Context, session_id: &str) -> Result<()> {
     }
 }
 
-/// The agent image: `spec.image`, or the image of the registered template
-/// `spec.template` (`name@version`) names.
-async fn agent_image(ctx: &Context, sandbox: &Sandbox) -> Result<Option<String>> {
-    if let Some(image) = &sandbox.spec.image {
-        return Ok(Some(image.clone()));
-    }
-    let Some((name, version)) = sandbox.spec.template.as_deref().and_then(|t| t.split_once('@')) else {
-        return Ok(None);
-    };
-    let templates: Api<SandboxTemplate> = Api::all(ctx.client.clone());
-    Ok(templates
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .find(|t| t.spec.name == name && t.spec.version == version)
-        .map(|t| t.spec.manifest.image))
-}
-
 async fn launch(ctx: &Context, s: &Session<'_>, tags: &SessionTags<'_>, status: &mut SandboxStatus) -> Result<()> {
     let settings = &ctx.settings;
-    // A template that is not registered fails the session before any
-    // instance exists.
-    if agent_image(ctx, s.sandbox).await?.is_none() {
-        let template = s.sandbox.spec.template.as_deref().unwrap_or("");
-        status.stop_reason =
-            Some(StopReason::TemplateNotFound(format!("{template} is not a registered template")).text());
-        status.phase = Some(hangar_crds::Phase::Stopping);
-        return Ok(());
-    }
     let size = s.sandbox.spec.size;
     let render = |instance_type: &str, zone: &str| {
         let labels = labels::labels(&NodeFacts {

@@ -18,7 +18,8 @@ use crate::node::agent_pod;
 use crate::node::labels::{SESSION_LABEL, SESSION_TAINT, instance_of_provider_id};
 use hangar_core::session::ending::StopReason;
 use hangar_core::session::node_choice::{self, NodeChoice};
-use hangar_core::session::phase_machine::{AgentState, Desired, Observed, VolumeState, WorkerReport};
+use hangar_core::session::phase_machine::{AgentState, Desired, ImageCheck, Observed, VolumeState, WorkerReport};
+use hangar_crds::PreflightState;
 
 pub struct Observation {
     pub observed: Observed,
@@ -27,6 +28,9 @@ pub struct Observation {
     pub node: Option<Node>,
     /// When the worker reported the workspace closed (from its Lease).
     pub workspace_closed_at: Option<Timestamp>,
+    /// Every image the session runs (read only while the preflight is
+    /// still to pass).
+    pub images: Vec<String>,
 }
 
 pub fn desired(sandbox: &Sandbox) -> Desired {
@@ -156,9 +160,30 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         }
     };
 
+    // The preflight, until it has passed and only before the first launch.
+    let preflight_passed = status.image_preflight.as_ref().is_some_and(|p| p.state == PreflightState::Passed);
+    let never_launched = instance.is_none() && status.instance_id.is_none() && !preflight_passed;
+    let (images, image_check) = if !preflight_passed && phase == Phase::Launching {
+        match crate::images::session_images(ctx, sandbox).await? {
+            Err(reason) => (vec![], ImageCheck::Refused(reason)),
+            Ok(images) => {
+                let since = status.image_preflight.as_ref().and_then(|p| p.started_at.as_ref()).map(|t| t.0);
+                let timeout = Duration::from_secs(ctx.settings.preflight_timeout_seconds);
+                let who = ObjectRef::from_obj(sandbox);
+                let check = ctx.preflights.judge(&images, &who, since, now, timeout);
+                (images, check)
+            }
+        }
+    } else {
+        (vec![], ImageCheck::Passed(vec![]))
+    };
+
     let needs_volume = matches!(phase, Phase::Launching) && status.volume_attached != Some(true)
         || matches!(phase, Phase::Stopping | Phase::ResetIncomplete);
     let (volume_state, volume) = match (needs_volume, &instance) {
+        // Never launched (its images never passed the preflight): no
+        // volume can exist, and the reset makes no EC2 call to confirm it.
+        (true, None) if never_launched => (VolumeState::Absent, None),
         // Launching without an instance: the volume comes after it, so no
         // describe is needed (it would only slow the path to RunInstances).
         (true, None) if phase == Phase::Launching => (VolumeState::Unknown, None),
@@ -228,11 +253,13 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             running_commands,
             reclaim_warned: instance.as_ref().is_some_and(|i| ctx.instances.reclaim_warned(&i.id)),
             agent_message,
+            images: image_check,
         },
         instance,
         volume,
         node,
         workspace_closed_at,
+        images,
     })
 }
 
