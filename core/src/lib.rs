@@ -13,6 +13,7 @@
 //! - `idle`, `hard_stop`, `retention`: the session's clocks
 //! - `tokens`: a session token's expiry and phase
 //! - `images`: the image preflight (platform, size)
+//! - `templates`: what a template release signs; which template a session may use
 
 pub mod admission;
 pub mod commands;
@@ -22,4 +23,5 @@ pub mod images;
 pub mod refusal;
 pub mod retention;
 pub mod session;
+pub mod templates;
 pub mod tokens;

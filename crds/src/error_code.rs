@@ -28,6 +28,11 @@ pub enum ErrorCode {
     PreflightImageNotFound,
     PreflightRegistryDenied,
     PreflightRegistryUnreachable,
+    /// Not in the contract's table: `spec.template` names no template
+    /// registered for the session's namespace (422), or one whose signature
+    /// does not verify under the platform's trusted keys (422).
+    TemplateNotRegistered,
+    TemplateRejected,
     SandboxLiveSnapshotUnsupported,
     /// Not in the contract's table: the gateway's per-caller and long-poll
     /// limits (429, with Retry-After).
@@ -35,7 +40,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::BadRequest,
         ErrorCode::SandboxRequestInvalid,
         ErrorCode::TokenInvalid,
@@ -55,6 +60,8 @@ impl ErrorCode {
         ErrorCode::PreflightImageNotFound,
         ErrorCode::PreflightRegistryDenied,
         ErrorCode::PreflightRegistryUnreachable,
+        ErrorCode::TemplateNotRegistered,
+        ErrorCode::TemplateRejected,
         ErrorCode::SandboxLiveSnapshotUnsupported,
         ErrorCode::RateLimited,
     ];
@@ -80,6 +87,8 @@ impl ErrorCode {
             ErrorCode::PreflightImageNotFound => "preflight_image_not_found",
             ErrorCode::PreflightRegistryDenied => "preflight_registry_denied",
             ErrorCode::PreflightRegistryUnreachable => "preflight_registry_unreachable",
+            ErrorCode::TemplateNotRegistered => "template_not_registered",
+            ErrorCode::TemplateRejected => "template_rejected",
             ErrorCode::SandboxLiveSnapshotUnsupported => "sandbox_live_snapshot_unsupported",
             ErrorCode::RateLimited => "rate_limited",
         }
@@ -104,7 +113,9 @@ impl ErrorCode {
             | ErrorCode::PreflightTooLarge
             | ErrorCode::PreflightImageNotFound
             | ErrorCode::PreflightRegistryDenied
-            | ErrorCode::PreflightRegistryUnreachable => 422,
+            | ErrorCode::PreflightRegistryUnreachable
+            | ErrorCode::TemplateNotRegistered
+            | ErrorCode::TemplateRejected => 422,
             ErrorCode::RateLimited => 429,
             ErrorCode::SandboxLiveSnapshotUnsupported => 501,
         }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Template","type":"string","jsonPath":".spec.name"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -31,11 +32,16 @@ pub struct SandboxTemplateSpec {
     pub version: String,
     /// The signed release manifest.
     pub manifest: TemplateManifest,
-    /// Signature over the canonical JSON of `manifest`, base64.
+    /// Ed25519 signature (base64) over the release payload: name, version
+    /// and manifest, one a line (`hangar_core::templates::signing_payload`;
+    /// `hangar-template sign` makes it).
     pub signature: String,
-    /// Id of the release key that signed it.
+    /// Name of the release key that signed it, one the platform trusts
+    /// (chart value `templates.trustedKeys`).
     pub signed_by: String,
-    /// Organisation that owns it; unset means shared with every organisation.
+    /// The namespace (organisation) whose sessions may use it; unset means
+    /// shared with every namespace. Not signed: the platform team assigns
+    /// it when it registers the release (only it can write templates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
 }
@@ -64,6 +70,9 @@ pub struct SandboxTemplateStatus {
     /// `Registered` once the signature checks out, else `Rejected`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Rejected: why (unknown key, a signature that does not verify).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

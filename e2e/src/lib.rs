@@ -23,6 +23,7 @@ pub mod process;
 pub mod registry;
 pub mod sessions;
 pub mod stack;
+pub mod templates;
 pub mod webhook;
 
 use std::sync::OnceLock;

@@ -71,6 +71,7 @@ impl OperatorProcess {
             .env("HANGAR_ORPHAN_SWEEP_SECONDS", "2")
             .env("HANGAR_DEBUG_SAMPLES", "true")
             .env("HANGAR_REGISTRY_ENDPOINTS", &self.registry_endpoints)
+            .env("HANGAR_TEMPLATE_KEYS", crate::templates::trusted_keys_env())
             .env("RUST_LOG", std::env::var("HANGAR_OPERATOR_LOG").unwrap_or_else(|_| "info".into()));
         for (k, v) in &self.extra_env {
             cmd.env(k, v);

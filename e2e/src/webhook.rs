@@ -83,6 +83,7 @@ impl WebhookProcess {
             .env("HANGAR_WEBHOOK_LISTEN", format!("127.0.0.1:{port}"))
             .env("HANGAR_WEBHOOK_CLIENT_CA", &cp.pki.admission_client_ca)
             .env("POD_NAMESPACE", crate::operator::SYSTEM_NAMESPACE)
+            .env("HANGAR_TEMPLATE_KEYS", crate::templates::trusted_keys_env())
             .env("RUST_LOG", "info");
         match &opts.cert_secret {
             Some(secret) => {
@@ -166,7 +167,7 @@ fn register(cp: &ControlPlane, port: u16, opts: &WebhookOptions) -> Result<()> {
         hook
     };
     let rule = |ops: &[&str], resources: &[&str]| json!({"apiGroups": ["hangar.dev"], "apiVersions": ["v1alpha1"], "operations": ops, "resources": resources});
-    // The same three webhooks as the chart's (charts/hangar/templates/webhook.yaml).
+    // The same four webhooks as the chart's (charts/hangar/templates/webhook.yaml).
     let mut token_callers = hook(
         "token-callers.hangar.dev",
         "/validate/token-callers",
@@ -187,6 +188,7 @@ fn register(cp: &ControlPlane, port: u16, opts: &WebhookOptions) -> Result<()> {
         "webhooks": [
             hook("commands.hangar.dev", "/validate/commands", json!([rule(&["CREATE"], &["commands"])])),
             hook("sessiontokens.hangar.dev", "/validate/sessiontokens", json!([rule(&["CREATE"], &["sessiontokens"])])),
+            hook("sandboxes.hangar.dev", "/validate/sandboxes", json!([rule(&["CREATE"], &["sandboxes"])])),
             token_callers,
         ],
     });

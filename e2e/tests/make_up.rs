@@ -100,6 +100,10 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
         ],
         &format!("Passed {arm64}"),
     );
+    // The example template is signed with the examples' key: Registered,
+    // and the session started from it runs.
+    wait_jsonpath(&["get", "sbxtpl", "python-dev-1.2", "-o", "jsonpath={.status.phase}"], "Registered");
+    wait_jsonpath(&["get", "sbx", "templated-box", "-o", "jsonpath={.status.phase}"], "running");
     // The example command runs to success through webhook, operator,
     // worker and supervisor (number 1, exit code 0).
     wait_jsonpath(

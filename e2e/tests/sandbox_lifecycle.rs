@@ -179,7 +179,7 @@ async fn the_orphan_sweep_removes_instances_and_volumes_whose_session_is_gone() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch() {
+async fn a_template_resolves_to_its_image_and_an_unknown_one_is_refused() {
     use hangar_crds::SandboxTemplate;
     use k8s_openapi::api::core::v1::Pod;
     let stack = shared_stack();
@@ -187,14 +187,7 @@ async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch
     namespace(&client, "templates").await;
     let built = Manifest::of("linux", "arm64", &[("etc/python-dev", b"python-dev 2.0\n")]);
     let image = &stack.registry.push(&Image::single("templates/python-dev", built));
-    let template: SandboxTemplate = serde_json::from_value(json!({
-        "apiVersion": "hangar.dev/v1alpha1", "kind": "SandboxTemplate",
-        "metadata": {"name": "python-dev-2-0"},
-        "spec": {"name": "python-dev", "version": "2.0", "signature": "c2ln", "signedBy": "release-key",
-                 "manifest": {"image": image, "sbomDigest": format!("sha256:{}", "a".repeat(64)),
-                              "buildNetworkPolicy": {"allow": []}}},
-    }))
-    .unwrap();
+    let template = hangar_e2e::templates::sign(hangar_e2e::templates::template("python-dev", "2.0", image, None));
     Api::<SandboxTemplate>::all(client.clone()).create(&PostParams::default(), &template).await.unwrap();
     let api: Api<Sandbox> = Api::namespaced(client.clone(), "templates");
     let from_template =
@@ -204,13 +197,11 @@ async fn a_template_resolves_to_its_image_and_an_unknown_one_fails_before_launch
     let pod = Api::<Pod>::namespaced(client.clone(), "templates").get("hangar-agent-templated").await.unwrap();
     assert_eq!(pod.spec.unwrap().containers[0].image.as_deref(), Some(image.as_str()));
 
+    // An unknown template is refused at admission: no session, no instance.
     let unknown = sessions::sandbox("untemplated", "commands", json!({"image": null, "template": "nope@1.0"}));
-    let created = api.create(&PostParams::default(), &unknown).await.unwrap();
-    let s = wait_for(&api, "untemplated", "failed", |s| phase(s) == Some(Phase::Failed)).await;
-    let reason = s.status.unwrap().stop_reason.unwrap_or_default();
-    assert!(reason.starts_with("template_not_found"), "{reason}");
-    let ec2 = ec2_client(&stack.moto.endpoint()).await;
-    assert!(session_instances(&ec2, &created.uid().unwrap()).await.is_empty(), "nothing launched");
+    let err = api.create(&PostParams::default(), &unknown).await.unwrap_err();
+    assert!(err.to_string().contains("template_not_registered"), "{err}");
+    assert!(api.get_opt("untemplated").await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -522,10 +522,21 @@ async fn start_session(
     ok(status, view)
 }
 
-/// `GET /v1/sandbox-templates`: the registered templates (any member).
-async fn templates(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Reply {
-    member(&gw, &headers, "list templates").await?;
-    ok(StatusCode::OK, json!({"templates": sessions::templates(&gw).await?}))
+/// `GET /v1/sandbox-templates[?namespace=ns]`: the registered templates a
+/// session can start from: the shared ones, and with `namespace` (where the
+/// caller may create sessions) that namespace's own too.
+async fn templates(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Reply {
+    let caller = member(&gw, &headers, "list templates").await?;
+    let Query(query) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("query: {e}")))?;
+    let namespace = query.get("namespace").map(String::as_str);
+    if let Some(ns) = namespace {
+        gw.auth.authorize(&caller, ns, "create", "sandboxes").await?;
+    }
+    ok(StatusCode::OK, json!({"templates": sessions::templates(&gw, namespace).await?}))
 }
 
 /// The member calling a route no session token may use (`what` it does).

@@ -120,15 +120,20 @@ pub async fn start(
     }
 }
 
-/// The templates a session can start from (those the operator starts
-/// from: every one not `Rejected`), as `name@version` with what their signed
-/// manifest lists.
-pub async fn templates(gw: &Gateway) -> Result<Vec<Value>, ApiError> {
+/// The templates a session in `namespace` can start from (shared ones
+/// when `None`): registered (the operator verified the release signature)
+/// and visible there, as `name@version` with what their signed manifest
+/// lists.
+pub async fn templates(gw: &Gateway, namespace: Option<&str>) -> Result<Vec<Value>, ApiError> {
     let api: Api<SandboxTemplate> = Api::all(gw.client.clone());
     let list = api.list(&ListParams::default()).await?.items;
     Ok(list
         .iter()
-        .filter(|t| t.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Rejected"))
+        .filter(|t| t.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Registered"))
+        .filter(|t| match namespace {
+            Some(ns) => hangar_core::templates::visible_to(t, ns),
+            None => t.spec.owner.is_none(),
+        })
         .map(|t| {
             json!({
                 "template": format!("{}@{}", t.spec.name, t.spec.version),
@@ -136,6 +141,7 @@ pub async fn templates(gw: &Gateway) -> Result<Vec<Value>, ApiError> {
                 "sbomDigest": t.spec.manifest.sbom_digest,
                 "buildNetworkPolicy": t.spec.manifest.build_network_policy,
                 "owner": t.spec.owner,
+                "signedBy": t.spec.signed_by,
                 "registeredAt": t.status.as_ref().and_then(|s| s.registered_at.clone()),
             })
         })

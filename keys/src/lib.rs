@@ -6,12 +6,15 @@
 //! - `session`: the 64-byte workspace key made for each session
 //! - `proof`: a session token's proof of possession (`Hangar-Proof`)
 //! - `token`: session tokens (`hgt_…`) and the digest kept of them
+//! - `template_signing`: Ed25519 signatures of template releases, the
+//!   platform's trusted keys
 //!
 //! Raw key bytes are `zeroize::Zeroizing`: wiped from memory when dropped.
 
 pub mod proof;
 pub mod seal;
 pub mod session;
+pub mod template_signing;
 pub mod token;
 
 pub use seal::{AttemptKey, KeyBytes, OrgKey, SealError, random_bytes, random_key};

@@ -43,6 +43,8 @@ pub struct Context {
     pub tokens: std::sync::OnceLock<Store<hangar_crds::SessionToken>>,
     /// The image preflights: cached by image, run in the background.
     pub preflights: Arc<crate::images::preflights::Preflights>,
+    /// The public keys template releases are signed with.
+    pub trusted_keys: hangar_keys::template_signing::TrustedKeys,
 }
 
 impl Context {

@@ -12,6 +12,8 @@
 //! - `commands/`: the Command controller (numbering, cancel of queued ones);
 //!   `numbering_state`: what it remembers between reconciles;
 //!   `command_ledger`: where the sessions' ledgers of admitted commands are
+//! - `templates/`: the SandboxTemplate controller (Registered or Rejected,
+//!   from the release signature)
 //! - `tokens/`: the SessionToken controller (mint, digest, one delivery,
 //!   phases)
 //! - `keys`: session keys sealed under the organisation key
@@ -36,4 +38,5 @@ pub mod output_keys;
 pub mod output_retention;
 pub mod sandbox_status;
 pub mod settings;
+pub mod templates;
 pub mod tokens;

@@ -109,6 +109,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     tokio::spawn(instances.clone().run(ec2.clone(), settings.describe_interval(), changes_tx.clone()));
 
     let registries = hangar_operator::images::registry::Registries::new(&settings.registry_endpoints)?;
+    let trusted_keys = hangar_keys::template_signing::TrustedKeys::from_pairs(&settings.template_keys)?;
     let preflights = hangar_operator::images::preflights::Preflights::new(
         registries,
         client.clone(),
@@ -141,6 +142,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         own_writes: Default::default(),
         tokens: Default::default(),
         preflights,
+        trusted_keys,
     });
     readiness.set_ready();
     tokio::spawn(sweep_loop(
@@ -156,11 +158,13 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
     let session_tokens = tokio::spawn(hangar_operator::tokens::run(ctx.clone()));
+    let templates = tokio::spawn(hangar_operator::templates::run(ctx.clone()));
     let sessions = lifecycle::run(ctx, node_writer, lease_writer, command_writer, changes_rx);
     let controller = async move {
         sessions.await;
         commands.abort();
         session_tokens.abort();
+        templates.abort();
     };
     match election {
         Some(mut leadership) => {

@@ -141,6 +141,11 @@ pub struct Settings {
     /// fails the session (`preflight_registry_unreachable`).
     #[arg(long, env = "HANGAR_PREFLIGHT_TIMEOUT_SECONDS", default_value_t = 600)]
     pub preflight_timeout_seconds: u64,
+    /// Public keys trusted to sign template releases, `name=<base64
+    /// Ed25519 public key>`, repeatable (`hangar-template keygen` makes a
+    /// pair).
+    #[arg(long = "template-key", env = "HANGAR_TEMPLATE_KEYS", value_delimiter = ',', value_parser = parse_pair)]
+    pub template_keys: Vec<(String, String)>,
     #[arg(long)]
     pub print_settings: bool,
 }

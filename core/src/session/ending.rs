@@ -24,8 +24,9 @@ pub enum StopReason {
     InsufficientCapacity(String),
     /// EC2 refused the launch for another reason.
     LaunchFailed(String),
-    /// `spec.template` names no registered template.
-    TemplateNotFound(String),
+    /// `spec.template` names no template the session may use (none
+    /// registered for its namespace, or one whose signature does not verify).
+    Template(crate::refusal::Refusal),
     /// An image failed its preflight (or could not be read) before any
     /// instance started: the refusal's code and why.
     Preflight(crate::refusal::Refusal),
@@ -50,8 +51,7 @@ impl StopReason {
             Self::InterruptionLost => "interruption_lost",
             Self::InsufficientCapacity(_) => "insufficient_capacity",
             Self::LaunchFailed(_) => "launch_failed",
-            Self::TemplateNotFound(_) => "template_not_found",
-            Self::Preflight(r) => r.code.as_str(),
+            Self::Template(r) | Self::Preflight(r) => r.code.as_str(),
             Self::IdleTimeout => "idle_timeout",
             Self::StopAfter => "stop_after",
             Self::PausedTooLong => "paused_too_long",
@@ -61,13 +61,10 @@ impl StopReason {
     /// `status.stopReason`: the code, then the detail when there is one.
     pub fn text(&self) -> String {
         match self {
-            Self::InsufficientCapacity(d)
-            | Self::LaunchFailed(d)
-            | Self::TemplateNotFound(d)
-            | Self::AgentStartFailed(d) => {
+            Self::InsufficientCapacity(d) | Self::LaunchFailed(d) | Self::AgentStartFailed(d) => {
                 format!("{}: {d}", self.code())
             }
-            Self::Preflight(r) => r.message(),
+            Self::Template(r) | Self::Preflight(r) => r.message(),
             _ => self.code().to_owned(),
         }
     }

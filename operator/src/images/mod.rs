@@ -5,38 +5,38 @@
 pub mod preflights;
 pub mod registry;
 
+use hangar_core::refusal::Refusal;
 use hangar_core::session::ending::StopReason;
+use hangar_core::templates;
 use hangar_crds::{Sandbox, SandboxTemplate};
 use kube::api::{Api, ListParams};
 
 use crate::context::Context;
 use crate::error::Result;
 
-/// The agent image: `spec.image`, or the image of the registered template
-/// `spec.template` (`name@version`) names. `None`: no such template.
-pub async fn agent_image(ctx: &Context, sandbox: &Sandbox) -> Result<Option<String>> {
+/// The agent image: `spec.image`, or the image of the template
+/// `spec.template` (`name@version`) names, if the session may use it: one
+/// registered for its namespace whose signature verifies under the
+/// platform's trusted keys now (checked here again, not taken from the
+/// template's status).
+pub async fn agent_image(ctx: &Context, sandbox: &Sandbox) -> Result<std::result::Result<String, Refusal>> {
     if let Some(image) = &sandbox.spec.image {
-        return Ok(Some(image.clone()));
+        return Ok(Ok(image.clone()));
     }
-    let Some((name, version)) = sandbox.spec.template.as_deref().and_then(|t| t.split_once('@')) else {
-        return Ok(None);
-    };
+    let reference = sandbox.spec.template.as_deref().unwrap_or("");
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or("");
     let templates: Api<SandboxTemplate> = Api::all(ctx.client.clone());
-    Ok(templates
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .find(|t| t.spec.name == name && t.spec.version == version)
-        .map(|t| t.spec.manifest.image))
+    let list = templates.list(&ListParams::default()).await?.items;
+    Ok(templates::resolve(&list, reference, namespace, |spec| crate::templates::verify(&ctx.trusted_keys, spec))
+        .map(|t| t.spec.manifest.image.clone()))
 }
 
 /// Every image the session runs (agent first, then companions), or why it
 /// cannot start.
 pub async fn session_images(ctx: &Context, sandbox: &Sandbox) -> Result<std::result::Result<Vec<String>, StopReason>> {
-    let Some(agent) = agent_image(ctx, sandbox).await? else {
-        let template = sandbox.spec.template.as_deref().unwrap_or("");
-        return Ok(Err(StopReason::TemplateNotFound(format!("{template} is not a registered template"))));
+    let agent = match agent_image(ctx, sandbox).await? {
+        Ok(image) => image,
+        Err(refusal) => return Ok(Err(StopReason::Template(refusal))),
     };
     let mut images = vec![agent];
     for c in &sandbox.spec.companions {

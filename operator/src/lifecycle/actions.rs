@@ -77,7 +77,9 @@ pub async fn execute(
         Action::PrepareNode => prepare_node(ctx, s, obs, status).await,
         Action::CreateAgentPod => {
             let Some(node) = obs.node.as_ref().and_then(|n| n.metadata.name.clone()) else { return Ok(()) };
-            let Some(image) = crate::images::agent_image(ctx, s.sandbox).await? else { return Ok(()) };
+            // Refused meanwhile (its key no longer trusted): the launch
+            // path decided already; no Pod from an unverified template.
+            let Ok(image) = crate::images::agent_image(ctx, s.sandbox).await? else { return Ok(()) };
             let pod = agent_pod::build(s.sandbox, s.session_id, &node, &image);
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
             match pods.create(&PostParams::default(), &pod).await {

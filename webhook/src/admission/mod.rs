@@ -4,6 +4,7 @@
 pub mod caches;
 pub mod commands;
 pub mod review;
+pub mod sandboxes;
 pub mod session_tokens;
 pub mod token_callers;
 

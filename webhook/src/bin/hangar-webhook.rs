@@ -1,6 +1,7 @@
 //! hangar-webhook: serves admission for the hangar.dev kinds over TLS.
-//! `POST /validate/commands`, `/validate/sessiontokens` and
-//! `/validate/token-callers` (ValidatingWebhookConfiguration), `GET /healthz`.
+//! `POST /validate/commands`, `/validate/sessiontokens`, `/validate/sandboxes`
+//! and `/validate/token-callers` (ValidatingWebhookConfiguration),
+//! `GET /healthz`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,8 +9,8 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::Parser;
-use hangar_crds::{Command, SessionToken};
-use hangar_webhook::admission::{AdmissionError, caches, commands, review, session_tokens, token_callers};
+use hangar_crds::{Command, Sandbox, SessionToken};
+use hangar_webhook::admission::{AdmissionError, caches, commands, review, sandboxes, session_tokens, token_callers};
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use std::sync::Arc;
 use tracing::Instrument;
@@ -76,12 +77,24 @@ struct Settings {
     /// Namespace of the operator, where the session command ledgers are kept.
     #[arg(long, env = "POD_NAMESPACE", default_value = "hangar-system")]
     system_namespace: String,
+    /// Public keys trusted to sign template releases, `name=<base64 Ed25519
+    /// public key>` (the operator's own list).
+    #[arg(long = "template-key", env = "HANGAR_TEMPLATE_KEYS", value_delimiter = ',', value_parser = parse_pair)]
+    template_keys: Vec<(String, String)>,
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .ok_or_else(|| format!("expected name=key, got {s:?}"))
 }
 
 /// What every admission shares.
 struct Webhook {
     commands: commands::CommandAdmission,
     tokens: session_tokens::TokenAdmission,
+    sandboxes: sandboxes::SandboxAdmission,
     token_callers: token_callers::TokenCallers,
     http: HttpMetrics,
     metrics: AdmissionMetrics,
@@ -139,8 +152,10 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let caches = caches::Caches::start(&client).await?;
     let commands = commands::CommandAdmission::new(client.clone(), &caches, &settings.system_namespace);
     let tokens = session_tokens::TokenAdmission::new(client.clone(), &caches);
+    let keys = hangar_keys::template_signing::TrustedKeys::from_pairs(&settings.template_keys)?;
+    let sandboxes = sandboxes::SandboxAdmission::new(client.clone(), &caches, keys);
     let token_callers = token_callers::TokenCallers::new(client, &caches);
-    let wh = Arc::new(Webhook { commands, tokens, token_callers, http, metrics });
+    let wh = Arc::new(Webhook { commands, tokens, sandboxes, token_callers, http, metrics });
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "admission webhook serving");
     readiness.set_ready();
@@ -162,7 +177,10 @@ async fn handle(wh: &Webhook, req: Request<RequestBody>) -> Response<Body> {
     let path = req.uri().path().to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok"),
-        (&Method::POST, "/validate/commands" | "/validate/sessiontokens" | "/validate/token-callers") => {}
+        (
+            &Method::POST,
+            "/validate/commands" | "/validate/sessiontokens" | "/validate/sandboxes" | "/validate/token-callers",
+        ) => {}
         _ => return text(StatusCode::NOT_FOUND, "not found"),
     }
     let body = match req.into_body().collect().await {
@@ -175,6 +193,7 @@ async fn handle(wh: &Webhook, req: Request<RequestBody>) -> Response<Body> {
     let decided = match path.as_str() {
         "/validate/commands" => validate_command(wh, &body).await,
         "/validate/sessiontokens" => validate_token(wh, &body).await,
+        "/validate/sandboxes" => validate_sandbox(wh, &body).await,
         _ => validate_token_caller(wh, &body).await,
     };
     match decided {
@@ -232,6 +251,23 @@ async fn validate_token(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, 
         _ => None,
     };
     wh.metrics.decided("SessionToken", refusal.as_ref().map(|r| r.code.as_str()));
+    Ok(to_json(review::answer(&req, refusal.as_ref())))
+}
+
+async fn validate_sandbox(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value, Arc<AdmissionError>> {
+    let req: AdmissionRequest<Sandbox> = request(body)?;
+    let refusal = match (&req.operation, req.object.as_ref()) {
+        (Operation::Create, Some(sandbox)) => {
+            let ns = req.namespace.clone().unwrap_or_default();
+            let refusal = wh.sandboxes.create(&ns, sandbox).await?;
+            if let Some(r) = &refusal {
+                tracing::info!(namespace = %ns, sandbox = %req.name, code = r.code.as_str(), "refused a Sandbox");
+            }
+            refusal
+        }
+        _ => None,
+    };
+    wh.metrics.decided("Sandbox", refusal.as_ref().map(|r| r.code.as_str()));
     Ok(to_json(review::answer(&req, refusal.as_ref())))
 }
 
