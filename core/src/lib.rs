@@ -14,6 +14,7 @@
 //! - `tokens`: a session token's expiry and phase
 //! - `images`: the image preflight (platform, size)
 //! - `templates`: what a template release signs; which template a session may use
+//! - `tenants`: which Secrets a session may attach
 
 pub mod admission;
 pub mod commands;
@@ -24,4 +25,5 @@ pub mod refusal;
 pub mod retention;
 pub mod session;
 pub mod templates;
+pub mod tenants;
 pub mod tokens;

@@ -33,6 +33,9 @@ pub enum ErrorCode {
     /// does not verify under the platform's trusted keys (422).
     TemplateNotRegistered,
     TemplateRejected,
+    /// Not in the contract's table: an attachment names a Secret that is
+    /// not the session's tenant's (or does not exist: the same answer). 403.
+    AttachmentForbidden,
     SandboxLiveSnapshotUnsupported,
     /// Not in the contract's table: the gateway's per-caller and long-poll
     /// limits (429, with Retry-After).
@@ -40,7 +43,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::BadRequest,
         ErrorCode::SandboxRequestInvalid,
         ErrorCode::TokenInvalid,
@@ -62,6 +65,7 @@ impl ErrorCode {
         ErrorCode::PreflightRegistryUnreachable,
         ErrorCode::TemplateNotRegistered,
         ErrorCode::TemplateRejected,
+        ErrorCode::AttachmentForbidden,
         ErrorCode::SandboxLiveSnapshotUnsupported,
         ErrorCode::RateLimited,
     ];
@@ -89,6 +93,7 @@ impl ErrorCode {
             ErrorCode::PreflightRegistryUnreachable => "preflight_registry_unreachable",
             ErrorCode::TemplateNotRegistered => "template_not_registered",
             ErrorCode::TemplateRejected => "template_rejected",
+            ErrorCode::AttachmentForbidden => "sandbox_attachment_forbidden",
             ErrorCode::SandboxLiveSnapshotUnsupported => "sandbox_live_snapshot_unsupported",
             ErrorCode::RateLimited => "rate_limited",
         }
@@ -99,7 +104,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest | ErrorCode::SandboxRequestInvalid => 400,
             ErrorCode::TokenInvalid => 401,
-            ErrorCode::TokenScopeForbidden | ErrorCode::Forbidden => 403,
+            ErrorCode::TokenScopeForbidden | ErrorCode::Forbidden | ErrorCode::AttachmentForbidden => 403,
             ErrorCode::SandboxNotFound => 404,
             ErrorCode::SandboxNotRunning
             | ErrorCode::SandboxPauseUnavailable

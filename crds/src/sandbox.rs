@@ -176,11 +176,21 @@ pub struct Egress {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Attachment {
-    /// A Secret of the session's tenant, in the Sandbox's namespace.
+    /// A Secret of the session's tenant, in the Sandbox's namespace: it
+    /// carries the label `hangar.dev/tenant=<spec.tenant>`.
     pub secret_name: String,
-    /// Absolute path in the agent container where the secret is mounted.
+    /// Absolute path of a directory in the agent container: each key of
+    /// the Secret is a file there (read-only). Read again at each attempt;
+    /// a Secret deleted meanwhile is not attached.
     pub destination: String,
+    /// Companions (by name) that also get it; none unless listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub companions: Vec<String>,
 }
+
+/// The label that gives a Secret to a tenant: only a session of that
+/// tenant may attach it.
+pub const TENANT_LABEL: &str = "hangar.dev/tenant";
 
 /// Observed state of a session, written only by the operator.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -247,6 +247,16 @@ pub(crate) fn sandbox(e: &mut SchemaEditor) {
             "self.all(a, self.exists_one(b, b.destination == a.destination))",
             SandboxRequestInvalid,
             "attachment destinations must be unique",
+        )
+        // Checked against the tenant at admission (create): never changed after.
+        .rule("spec.attachments", "self == oldSelf", SandboxRequestInvalid, "attachments are immutable")
+        .max_items("spec.attachments[].companions", 16)
+        .max_length("spec.attachments[].companions[]", 63)
+        .rule(
+            "spec",
+            "!has(self.attachments) || self.attachments.all(a, !has(a.companions) || a.companions.all(c, has(self.companions) && self.companions.exists(k, k.name == c)))",
+            SandboxRequestInvalid,
+            "an attachment's companions must be companions of the session",
         );
 
     e.one_of("spec.state", &["Running", "Paused", "Ended"], SandboxRequestInvalid)

@@ -66,6 +66,10 @@ impl Drop for NodeSimulator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // The nodes' memory: their attached Secrets.
+        for node in std::fs::read_dir(&self.nodes_dir).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir_all(attachments_dir(&node.file_name().to_string_lossy()));
+        }
     }
 }
 
@@ -239,7 +243,8 @@ async fn tick(
     report_pods(client, cfg, nodes).await
 }
 
-/// Every process of the node ends at once: worker, supervisor, commands.
+/// Every process of the node ends at once: worker, supervisor, commands;
+/// and what it held in memory (the attached Secrets) is gone.
 fn power_off(node: &mut SimNode) {
     if let Some(mut w) = node.worker.take() {
         w.kill();
@@ -248,6 +253,46 @@ fn power_off(node: &mut SimNode) {
         s.kill();
     }
     kill_marked(&format!("HANGAR_SIM_NODE={}", node.name));
+    let _ = std::fs::remove_dir_all(attachments_dir(&node.name));
+}
+
+/// Where a node keeps the Secret volumes of its Pods: in memory (tmpfs),
+/// as a kubelet does.
+pub fn attachments_dir(node: &str) -> PathBuf {
+    PathBuf::from("/dev/shm/hangar-sim-attachments").join(node)
+}
+
+/// The Secret volumes the agent container mounts, written for the node as
+/// a kubelet would: read now (an optional Secret that is gone is an empty
+/// directory), one file per key, mode 0400. Returns (source, destination).
+async fn secret_volumes(client: &kube::Client, node: &str, pod: &Pod) -> TickResult<Vec<(PathBuf, String)>> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(spec) = pod.spec.as_ref() else { return Ok(vec![]) };
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    let agent = spec.containers.iter().find(|c| c.name == "agent");
+    let root = attachments_dir(node);
+    let _ = std::fs::remove_dir_all(&root);
+    let mut out = Vec::new();
+    for m in agent.iter().flat_map(|c| c.volume_mounts.iter().flatten()) {
+        let Some(source) = spec.volumes.iter().flatten().find(|v| v.name == m.name).and_then(|v| v.secret.as_ref())
+        else {
+            continue;
+        };
+        let dir = root.join(&m.name);
+        std::fs::create_dir_all(&dir).map_err(crate::error::io("attachment dir"))?;
+        let name = source.secret_name.clone().unwrap_or_default();
+        if let Some(secret) = secrets.get_opt(&name).await? {
+            for (key, value) in secret.data.unwrap_or_default() {
+                let file = dir.join(&key);
+                std::fs::write(&file, &value.0).map_err(crate::error::io("attachment file"))?;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400))
+                    .map_err(crate::error::io("attachment mode"))?;
+            }
+        }
+        out.push((dir, m.mount_path.clone()));
+    }
+    Ok(out)
 }
 
 /// SIGKILL to every process whose environment holds `marker` (inherited by
@@ -413,7 +458,13 @@ pub const WORKER_SERVICE_ACCOUNT: &str = "hangar-worker";
 
 /// Starts the agent container's entrypoint as the kubelet would, with the
 /// Pod's arguments, the socket and workspace mapped to the node's dirs.
-fn start_supervisor(cfg: &SimConfig, node: &str, volume_id: &str, pod: &Pod) -> crate::Result<ChildProcess> {
+fn start_supervisor(
+    cfg: &SimConfig,
+    node: &str,
+    volume_id: &str,
+    pod: &Pod,
+    mounts: &[(PathBuf, String)],
+) -> crate::Result<ChildProcess> {
     let args = pod
         .spec
         .iter()
@@ -438,7 +489,7 @@ fn start_supervisor(cfg: &SimConfig, node: &str, volume_id: &str, pod: &Pod) -> 
     if !mapped.iter().any(|a| a == "--workdir") {
         mapped.extend(["--workdir".to_owned(), cfg.volumes_dir.join(volume_id).display().to_string()]);
     }
-    let mut cmd = container_command(&cfg.supervisor_bin);
+    let mut cmd = container_command_with_mounts(&cfg.supervisor_bin, mounts);
     let message = termination_message_path(cfg, node);
     let _ = std::fs::remove_file(&message);
     cmd.args(&mapped)
@@ -465,6 +516,33 @@ fn termination_message_path(cfg: &SimConfig, node: &str) -> PathBuf {
 /// holds, which itself dies with the harness). Needs root; without it the
 /// supervisor runs as a plain child and relies on its own clean-up.
 pub fn container_command(supervisor: &std::path::Path) -> std::process::Command {
+    container_command_with_mounts(supervisor, &[])
+}
+
+/// The same, with read-only bind mounts (source, destination) in a mount
+/// namespace of the container's own, as its Secret volumes: only processes
+/// of this container see them at their destinations. The destination
+/// directory is made on the host if missing (the mount itself is private).
+pub fn container_command_with_mounts(
+    supervisor: &std::path::Path,
+    mounts: &[(PathBuf, String)],
+) -> std::process::Command {
+    if nix::unistd::geteuid().is_root() && !mounts.is_empty() {
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--pid", "--mount", "--propagation", "private", "--fork", "--kill-child", "--", "sh", "-c"]);
+        cmd.arg(
+            r#"set -e; while [ "$1" != "--" ]; do mkdir -p "$2"; mount --bind -o ro "$1" "$2"; shift 2; done; shift; exec "$@""#,
+        );
+        cmd.arg("container");
+        for (source, destination) in mounts {
+            cmd.arg(source).arg(destination);
+        }
+        cmd.arg("--").arg(supervisor);
+        return cmd;
+    }
+    if !mounts.is_empty() {
+        tracing::warn!("node simulator: not root, so the agent's Secret volumes are not mounted");
+    }
     if nix::unistd::geteuid().is_root() {
         let mut cmd = std::process::Command::new("unshare");
         cmd.args(["--pid", "--fork", "--kill-child", "--"]).arg(supervisor);
@@ -518,7 +596,8 @@ async fn report_pods(client: &kube::Client, cfg: &SimConfig, nodes: &mut HashMap
             if n.supervisor.is_none()
                 && let Some(volume) = n.volume.clone()
             {
-                n.supervisor = Some(start_supervisor(cfg, &node, &volume, &pod)?);
+                let mounts = secret_volumes(client, &node, &pod).await?;
+                n.supervisor = Some(start_supervisor(cfg, &node, &volume, &pod, &mounts)?);
             }
         }
         if phase.as_deref() == Some("Running") {

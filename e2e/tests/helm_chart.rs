@@ -182,6 +182,11 @@ fn namespaced_install_keeps_namespaced_rights_in_those_namespaces() {
     for r in ["sandboxes", "pods", "secrets"] {
         assert!(!grants(role, r), "namespaced install must not grant {r} cluster-wide");
     }
+    // The webhook reads attachments' Secrets only where it serves.
+    assert!(find(&docs, "ClusterRole", "hangar-webhook", None).is_none());
+    let wh = find(&docs, "Role", "hangar-webhook", Some("team-a")).expect("webhook Role in team-a");
+    assert!(grants(wh, "secrets"));
+    assert!(find(&docs, "Role", "hangar-webhook", Some("hangar-system")).is_none_or(|r| !grants(r, "secrets")));
     for ns in ["team-a", "team-b"] {
         let role = find(&docs, "Role", "hangar-operator", Some(ns)).unwrap_or_else(|| panic!("Role in {ns}"));
         assert!(grants(role, "sandboxes") && grants(role, "pods"));
@@ -301,7 +306,12 @@ fn chart_installs_and_grants_least_privilege() {
     yes(wh, &["list", "commands.hangar.dev", "-n", "team-a"]);
     no(wh, &["create", "commands.hangar.dev", "-n", "team-a"]);
     no(wh, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
-    no(wh, &["get", "secrets", "-n", "hangar-system"]);
+    // An attachment's Secret by name (its tenant label; metadata only),
+    // never a list of them.
+    yes(wh, &["get", "secrets", "-n", "team-a"]);
+    no(wh, &["list", "secrets", "-n", "team-a"]);
+    no(wh, &["watch", "secrets", "-n", "team-a"]);
+    no(wh, &["update", "secrets", "-n", "team-a"]);
 
     let gw = "hangar-gateway";
     yes(gw, &["create", "tokenreviews.authentication.k8s.io"]);

@@ -1,12 +1,17 @@
 //! The agent Pod of a session: bound to the session's node, tolerating its
 //! taint, the workspace at /workspace, the in-sandbox supervisor as the
-//! entrypoint of the agent container.
+//! entrypoint of the agent container, and the tenant's attached Secrets as
+//! read-only Secret volumes (the node's kubelet reads them; hangar never
+//! holds their values). They are optional: a Secret deleted while the
+//! session was paused is simply absent when its containers start again,
+//! and the node keeps them in memory only, so a pause drops them.
 
 use std::collections::BTreeMap;
 
 use hangar_crds::{Mode, Sandbox};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, HostPathVolumeSource, Pod, PodSpec, SecurityContext, Toleration, Volume, VolumeMount,
+    Capabilities, Container, HostPathVolumeSource, Pod, PodSpec, SecretVolumeSource, SecurityContext, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -18,6 +23,11 @@ pub const HOST_WORKSPACE: &str = "/var/lib/hangar/workspace";
 /// Where the worker and the supervisor share their Unix socket.
 pub const HOST_SOCKET_DIR: &str = "/var/run/hangar";
 pub const SUPERVISOR: &str = "/hangar/supervisor";
+
+/// The volume of the `i`th attachment.
+pub fn attachment_volume(i: usize) -> String {
+    format!("attachment-{i}")
+}
 
 pub fn pod_name(sandbox: &str) -> String {
     format!("hangar-agent-{sandbox}")
@@ -73,6 +83,28 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
             ..Default::default()
         });
     }
+    let mut attachment_volumes = Vec::new();
+    for (i, a) in spec.attachments.iter().enumerate() {
+        let volume = attachment_volume(i);
+        for c in containers.iter_mut().filter(|c| c.name == "agent" || a.companions.contains(&c.name)) {
+            c.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+                name: volume.clone(),
+                mount_path: a.destination.clone(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        }
+        attachment_volumes.push(Volume {
+            name: volume,
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(a.secret_name.clone()),
+                optional: Some(true),
+                default_mode: Some(0o400),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     let host_path =
         |path: &str| HostPathVolumeSource { path: path.to_owned(), type_: Some("DirectoryOrCreate".into()) };
     Pod {
@@ -101,10 +133,23 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
                 ..Default::default()
             }]),
             containers,
-            volumes: Some(vec![
-                Volume { name: "workspace".into(), host_path: Some(host_path(HOST_WORKSPACE)), ..Default::default() },
-                Volume { name: "supervisor".into(), host_path: Some(host_path(HOST_SOCKET_DIR)), ..Default::default() },
-            ]),
+            volumes: Some(
+                [
+                    Volume {
+                        name: "workspace".into(),
+                        host_path: Some(host_path(HOST_WORKSPACE)),
+                        ..Default::default()
+                    },
+                    Volume {
+                        name: "supervisor".into(),
+                        host_path: Some(host_path(HOST_SOCKET_DIR)),
+                        ..Default::default()
+                    },
+                ]
+                .into_iter()
+                .chain(attachment_volumes)
+                .collect(),
+            ),
             ..Default::default()
         }),
         status: None,
@@ -145,5 +190,45 @@ spec:
         let mut squatter = pod.clone();
         squatter.metadata.owner_references = None;
         assert!(!is_ours(&squatter, "0c5e-uid"), "a Pod created by someone else under the agent's name");
+    }
+
+    #[test]
+    fn attachments_reach_the_agent_and_only_the_companions_that_ask() {
+        let sandbox: Sandbox = serde_yaml::from_str(
+            r#"
+apiVersion: hangar.dev/v1alpha1
+kind: Sandbox
+metadata: {name: box, namespace: team-a, uid: u}
+spec:
+  mode: commands
+  image: r/a@sha256:00
+  tenant: acme
+  companions:
+  - {name: db, image: "r/db@sha256:11"}
+  - {name: cache, image: "r/c@sha256:22"}
+  attachments:
+  - {secretName: api-key, destination: /run/secrets/api}
+  - {secretName: db-password, destination: /run/secrets/db, companions: [db]}
+"#,
+        )
+        .unwrap();
+        let spec = build(&sandbox, "u", "n", "r/a@sha256:00").spec.unwrap();
+        let mounts = |name: &str| -> Vec<(String, Option<bool>)> {
+            let c = spec.containers.iter().find(|c| c.name == name).unwrap();
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .filter(|m| m.name.starts_with("attachment-"))
+                .map(|m| (m.mount_path.clone(), m.read_only))
+                .collect()
+        };
+        let ro = Some(true);
+        assert_eq!(mounts("agent"), [("/run/secrets/api".to_owned(), ro), ("/run/secrets/db".to_owned(), ro)]);
+        assert_eq!(mounts("db"), [("/run/secrets/db".to_owned(), ro)]);
+        assert!(mounts("cache").is_empty(), "a companion that did not ask gets nothing");
+        let volumes = spec.volumes.unwrap();
+        let secret = volumes.iter().find(|v| v.name == attachment_volume(1)).unwrap().secret.clone().unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("db-password"));
+        assert_eq!(secret.optional, Some(true), "a Secret deleted while paused is not attached at resume");
     }
 }
