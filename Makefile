@@ -44,8 +44,9 @@ moto:
 ## memory over 100 sessions, 1,000 paused for memory) and commands (create
 ## to process start, 1 GiB of output, long-poll wake, worker and gateway
 ## memory), admission (a burst of 64 creates for one session; reviews at a
-## steady 200/s), the gateway's auth overhead per request, and how fast a
-## lost worker and a terminated instance are noticed.
+## steady 200/s), the gateway's auth overhead per request, how fast a
+## lost worker and a terminated instance are noticed, and the image
+## preflight (cold and cached).
 bench: deps
 	$(CARGO) build --release --workspace --bins
 	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)
@@ -53,3 +54,4 @@ bench: deps
 	$(CARGO_TARGET_DIR)/release/admission-bench
 	$(CARGO_TARGET_DIR)/release/gateway-auth-bench
 	$(CARGO_TARGET_DIR)/release/interruption-bench
+	$(CARGO_TARGET_DIR)/release/preflight-bench
