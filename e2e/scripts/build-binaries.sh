@@ -39,11 +39,31 @@ go_build() {
   log "built $out in $((SECONDS - start))s"
 }
 
-build_etcd() {
-  local out="$BIN/etcd-$ETCD_VERSION"
-  [[ -x "$out" ]] && { log "etcd $ETCD_VERSION cached"; return; }
-  local dir="$WORK/etcd-$ETCD_VERSION"
+# cached <name> <version>: true (and says so) when it is built already.
+cached() {
+  [[ -x "$BIN/$1-$2" ]] || return 1
+  log "$1 $2 cached"
+}
+
+# work_dir <name> <version>: a fresh directory for its wrapper module.
+work_dir() {
+  local dir="$WORK/$1-$2"
   rm -rf "$dir" && mkdir -p "$dir"
+  echo "$dir"
+}
+
+# wrapper_module <dir> <name> <module> <version>: a module in <dir> that
+# requires <module>@<version>, its graph resolved.
+wrapper_module() {
+  (cd "$1" && go mod init "hangar.local/$2" >/dev/null 2>&1 &&
+    log "resolving $3@$4" &&
+    go get "$3@$4" >&2 && go mod tidy >&2)
+}
+
+build_etcd() {
+  cached etcd "$ETCD_VERSION" && return
+  local dir
+  dir=$(work_dir etcd "$ETCD_VERSION")
   cat >"$dir/main.go" <<'GO'
 package main
 
@@ -55,9 +75,7 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-  (cd "$dir" && go mod init hangar.local/etcd >/dev/null 2>&1 &&
-    log "resolving go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
-    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 && go mod tidy >&2)
+  wrapper_module "$dir" etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
   go_build etcd "$ETCD_VERSION" "$dir" . \
     "-X go.etcd.io/etcd/api/v3/version.GitSHA=hangar"
 }
@@ -103,10 +121,9 @@ GO
 }
 
 build_helm() {
-  local out="$BIN/helm-$HELM_VERSION"
-  [[ -x "$out" ]] && { log "helm $HELM_VERSION cached"; return; }
-  local dir="$WORK/helm-$HELM_VERSION"
-  rm -rf "$dir" && mkdir -p "$dir"
+  cached helm "$HELM_VERSION" && return
+  local dir
+  dir=$(work_dir helm "$HELM_VERSION")
   cat >"$dir/tools.go" <<'GO'
 //go:build tools
 
@@ -114,9 +131,7 @@ package tools
 
 import _ "helm.sh/helm/v3/cmd/helm"
 GO
-  (cd "$dir" && go mod init hangar.local/helm >/dev/null 2>&1 &&
-    log "resolving helm.sh/helm/v3@$HELM_VERSION" &&
-    go get "helm.sh/helm/v3@$HELM_VERSION" >&2 && go mod tidy >&2)
+  wrapper_module "$dir" helm helm.sh/helm/v3 "$HELM_VERSION"
   # Helm's own Makefile stamps the Kubernetes version it was built against
   # (client-go v0.X.Y means 1.X); unstamped, `helm template` assumes 1.20.
   local cg major minor
@@ -131,10 +146,9 @@ GO
 }
 
 build_registry() {
-  local out="$BIN/registry-$GGCR_VERSION"
-  [[ -x "$out" ]] && { log "registry $GGCR_VERSION cached"; return; }
-  local dir="$WORK/registry-$GGCR_VERSION"
-  rm -rf "$dir" && mkdir -p "$dir"
+  cached registry "$GGCR_VERSION" && return
+  local dir
+  dir=$(work_dir registry "$GGCR_VERSION")
   cat >"$dir/main.go" <<'GO'
 // An in-memory OCI registry on 127.0.0.1 for hangar's local stack and tests.
 // -addr 127.0.0.1:0 picks a free port; the chosen one is printed as
@@ -183,9 +197,7 @@ func main() {
 	log.Fatal(s.Serve(ln))
 }
 GO
-  (cd "$dir" && go mod init hangar.local/registry >/dev/null 2>&1 &&
-    log "resolving github.com/google/go-containerregistry@$GGCR_VERSION" &&
-    go get "github.com/google/go-containerregistry@$GGCR_VERSION" >&2 && go mod tidy >&2)
+  wrapper_module "$dir" registry github.com/google/go-containerregistry "$GGCR_VERSION"
   go_build registry "$GGCR_VERSION" "$dir" .
 }
 
