@@ -8,15 +8,24 @@
 
 use super::ledger::{Ledger, Live};
 
-/// Numbers every live command that holds a ledger entry without one, oldest
-/// first (the name breaks ties: creationTimestamp has one-second
-/// resolution), after the highest number given. True if any was given.
+/// Numbers every live command that holds a ledger entry without one, in
+/// the order they were admitted, after the highest number given. True if
+/// any was given.
+///
+/// Admission order is the ledger's own: the webhook appends each entry
+/// by compare-and-swap, so their order is exact, where creationTimestamp
+/// (one-second resolution) would tie commands made in the same second.
 pub fn assign(ledger: &mut Ledger, live: &[Live]) -> bool {
-    let mut waiting: Vec<&Live> =
-        live.iter().filter(|l| ledger.entry(&l.uid).is_some_and(|e| e.number.is_none())).collect();
-    waiting.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+    let mut waiting: Vec<(usize, &Live)> = live
+        .iter()
+        .filter_map(|l| {
+            let at = ledger.entries.iter().position(|e| e.uid == l.uid)?;
+            ledger.entries[at].number.is_none().then_some((at, l))
+        })
+        .collect();
+    waiting.sort_by_key(|(at, _)| *at);
     let mut next = ledger.highest_number() + 1;
-    for l in &waiting {
+    for (_, l) in &waiting {
         if let Some(e) = ledger.entries.iter_mut().find(|e| e.uid == l.uid) {
             e.number = Some(next);
             next += 1;
@@ -39,9 +48,11 @@ mod tests {
     }
 
     #[test]
-    fn unnumbered_commands_continue_after_the_highest_in_creation_order() {
-        let mut l = Ledger { entries: vec![entry("b", None), entry("a", Some(2)), entry("d", None), entry("c", None)] };
-        let live = [live("b", 2), live("a", 0), live("d", 1), live("c", 1)];
+    fn unnumbered_commands_continue_after_the_highest_in_admission_order() {
+        // Admitted c, then a, d, b; made within one second (the same
+        // creationTimestamp), and named against that order.
+        let mut l = Ledger { entries: vec![entry("c", None), entry("a", Some(2)), entry("d", None), entry("b", None)] };
+        let live = [live("b", 1), live("a", 1), live("d", 1), live("c", 1)];
         assert!(assign(&mut l, &live));
         let number = |uid: &str| l.entry(uid).unwrap().number;
         assert_eq!([number("c"), number("d"), number("b")], [Some(3), Some(4), Some(5)]);
