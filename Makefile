@@ -7,7 +7,7 @@ export HANGAR_CACHE ?= $(HOME)/.cache/hangar
 export CARGO_TARGET_DIR ?= $(HANGAR_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: up test crds bench deps binaries moto help
+.PHONY: up test crds bench deps binaries moto system-packages help
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
@@ -31,8 +31,12 @@ test: deps
 crds:
 	$(CARGO) run -q -p hangar-crds --bin crdgen
 
-## etcd, kube-apiserver and helm from their Go modules; moto in a venv.
-deps: binaries moto
+## etcd, kube-apiserver and helm from their Go modules; moto in a venv;
+## the Debian packages the workspace volume needs (cryptsetup, …).
+deps: system-packages binaries moto
+
+system-packages:
+	@bash e2e/scripts/system-packages.sh
 
 binaries:
 	@bash e2e/scripts/build-binaries.sh >/dev/null
@@ -46,7 +50,7 @@ moto:
 ## memory), admission (a burst of 64 creates for one session; reviews at a
 ## steady 200/s), the gateway's auth overhead per request, how fast a
 ## lost worker and a terminated instance are noticed, and the image
-## preflight (cold and cached).
+## preflight (cold and cached), and the workspace key hand-over.
 bench: deps
 	$(CARGO) build --release --workspace --bins
 	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)
@@ -55,3 +59,4 @@ bench: deps
 	$(CARGO_TARGET_DIR)/release/gateway-auth-bench
 	$(CARGO_TARGET_DIR)/release/interruption-bench
 	$(CARGO_TARGET_DIR)/release/preflight-bench
+	$(CARGO_TARGET_DIR)/release/key-handover-bench

@@ -15,6 +15,7 @@
 //! - `images`: the image preflight (platform, size)
 //! - `templates`: what a template release signs; which template a session may use
 //! - `tenants`: which Secrets a session may attach
+//! - `workspace_key`: which proven instance gets a session's workspace key
 
 pub mod admission;
 pub mod commands;
@@ -27,3 +28,4 @@ pub mod session;
 pub mod templates;
 pub mod tenants;
 pub mod tokens;
+pub mod workspace_key;

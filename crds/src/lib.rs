@@ -16,6 +16,7 @@ pub mod sandbox_template;
 mod schema;
 pub mod session_token;
 pub mod worker_identity;
+pub mod workspace_key;
 
 pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job_id};
 pub use error_code::ErrorCode;

@@ -10,6 +10,12 @@ pub fn pct(mut v: Vec<u64>, p: f64) -> u64 {
     v[i]
 }
 
+/// Prints `what: n=… p50=… p90=… p99=… max=… unit`.
+pub fn report(what: &str, unit: &str, v: &[u64]) {
+    let q = |p| pct(v.to_vec(), p);
+    println!("{what}: n={} p50={} p90={} p99={} max={} {unit}", v.len(), q(0.5), q(0.9), q(0.99), q(1.0));
+}
+
 /// Resident memory of a process, KiB (0 when it is gone).
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -7,6 +7,10 @@
 //! reads `pending` after RunInstances or StartInstances, `stopping` after
 //! StopInstances and `shutting-down` after TerminateInstances in every
 //! DescribeInstances through the proxy, for that long.
+//!
+//! And it plays what EC2 does to `launchTime` at a start, which moto does
+//! not: after a StartInstances, the instance's launch time is that start's
+//! (the identity document's `pendingTime` of the new boot matches it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,6 +44,8 @@ pub struct Seen {
 
 /// Instance id → (state name, state code, until) while in transition.
 type Transitions = Arc<Mutex<HashMap<String, (&'static str, u16, Instant)>>>;
+/// Instance id → the launch time of its latest start (EC2's format).
+type Boots = Arc<Mutex<HashMap<String, String>>>;
 
 pub struct FaultProxy {
     pub port: u16,
@@ -68,6 +74,7 @@ impl FaultProxy {
     /// A proxy whose instances spend `delay` in each in-between state.
     pub fn start_with_transitions(upstream_port: u16, delay: Duration) -> Self {
         let transitions: Transitions = Arc::default();
+        let boots: Boots = Arc::default();
         let port = free_port();
         let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -85,7 +92,7 @@ impl FaultProxy {
                         tokio::select! {
                             accepted = listener.accept() => {
                                 let Ok((sock, _)) = accepted else { continue };
-                                let t = (delay, transitions.clone());
+                                let t = (delay, transitions.clone(), boots.clone());
                                 tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone(), t));
                             }
                             _ = &mut stopped => return,
@@ -112,7 +119,7 @@ impl FaultProxy {
     }
 }
 
-async fn read_request(sock: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
+pub(crate) async fn read_request(sock: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let head_end = loop {
@@ -147,7 +154,7 @@ async fn handle(
     upstream: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
-    (delay, transitions): (Duration, Transitions),
+    (delay, transitions, boots): (Duration, Transitions, Boots),
 ) {
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
@@ -191,10 +198,55 @@ async fn handle(
     let _ = up.write_all(&body).await;
     let mut resp = Vec::new();
     let _ = up.read_to_end(&mut resp).await;
+    resp = launch_times(&action, &text, resp, &boots);
     if !delay.is_zero() {
         resp = in_between_states(&action, &text, resp, delay, &transitions);
     }
     let _ = sock.write_all(&resp).await;
+}
+
+/// Records the launch time a successful StartInstances gives its
+/// instances, and shows it in DescribeInstances answers.
+fn launch_times(action: &str, request: &str, resp: Vec<u8>, boots: &Boots) -> Vec<u8> {
+    let Some((head, body)) = ok_response(&resp) else { return resp };
+    let mut b = boots.lock().expect("boots");
+    if action == "StartInstances" {
+        let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.000Z").to_string();
+        for id in instance_ids(request) {
+            b.insert(id.to_owned(), now.clone());
+        }
+        return resp;
+    }
+    if action != "DescribeInstances" || b.is_empty() {
+        return resp;
+    }
+    let mut body = body;
+    for (id, at) in b.iter() {
+        body = rewrite_item(&body, id, "launchTime", at);
+    }
+    with_body(&head, &body)
+}
+
+/// The `InstanceId.N` values of a request's form body.
+fn instance_ids(request: &str) -> impl Iterator<Item = &str> {
+    request.split('&').filter_map(|kv| kv.split_once('=')).filter(|(k, _)| k.starts_with("InstanceId.")).map(|(_, v)| v)
+}
+
+/// The head and body of a 200 answer.
+fn ok_response(resp: &[u8]) -> Option<(String, String)> {
+    let split = resp.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&resp[..split]).into_owned();
+    head.starts_with("HTTP/1.1 200").then(|| (head, String::from_utf8_lossy(&resp[split + 4..]).into_owned()))
+}
+
+/// The answer with a new body (and its length).
+fn with_body(head: &str, body: &str) -> Vec<u8> {
+    let head: String = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
 }
 
 /// Records the transition a successful mutating call starts, and shows the
@@ -206,12 +258,7 @@ fn in_between_states(
     delay: Duration,
     transitions: &Transitions,
 ) -> Vec<u8> {
-    let Some(split) = resp.windows(4).position(|w| w == b"\r\n\r\n") else { return resp };
-    let (head, body) = (String::from_utf8_lossy(&resp[..split]).into_owned(), &resp[split + 4..]);
-    if !head.starts_with("HTTP/1.1 200") {
-        return resp;
-    }
-    let body = String::from_utf8_lossy(body).into_owned();
+    let Some((head, body)) = ok_response(&resp) else { return resp };
     let until = Instant::now() + delay;
     let mut t = transitions.lock().expect("transitions");
     t.retain(|_, (_, _, u)| *u > Instant::now());
@@ -222,12 +269,8 @@ fn in_between_states(
         _ => None,
     };
     if let Some((name, code)) = state {
-        for kv in request.split('&') {
-            if let Some((k, id)) = kv.split_once('=')
-                && k.starts_with("InstanceId.")
-            {
-                t.insert(id.to_owned(), (name, code, until));
-            }
+        for id in instance_ids(request) {
+            t.insert(id.to_owned(), (name, code, until));
         }
         return resp;
     }
@@ -240,31 +283,22 @@ fn in_between_states(
     if action != "DescribeInstances" || t.is_empty() {
         return resp;
     }
-    let overrides: HashMap<&str, (&str, u16)> = t.iter().map(|(id, (n, c, _))| (id.as_str(), (*n, *c))).collect();
-    let body = rewrite_states(&body, &overrides);
-    let head: String = head
-        .split("\r\n")
-        .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
-        .map(|l| format!("{l}\r\n"))
-        .collect();
-    format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    let mut body = body;
+    for (id, (name, code, _)) in t.iter() {
+        body = rewrite_item(&body, id, "instanceState", &format!("<code>{code}</code><name>{name}</name>"));
+    }
+    with_body(&head, &body)
 }
 
-/// Replaces the `<instanceState>` of each named instance in a
-/// DescribeInstances body.
-fn rewrite_states(body: &str, overrides: &HashMap<&str, (&str, u16)>) -> String {
+/// Replaces what `<tag>` holds in the named instance's item of a
+/// DescribeInstances body (the first such element after its id).
+fn rewrite_item(body: &str, id: &str, tag: &str, inner: &str) -> String {
     let mut out = body.to_owned();
-    for (id, (name, code)) in overrides {
-        let Some(at) = out.find(&format!("<instanceId>{id}</instanceId>")) else { continue };
-        let Some(start) = out[at..].find("<instanceState>").map(|i| at + i) else { continue };
-        let Some(end) = out[start..].find("</instanceState>").map(|i| start + i + "</instanceState>".len()) else {
-            continue;
-        };
-        out.replace_range(
-            start..end,
-            &format!("<instanceState><code>{code}</code><name>{name}</name></instanceState>"),
-        );
-    }
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let Some(at) = out.find(&format!("<instanceId>{id}</instanceId>")) else { return out };
+    let Some(start) = out[at..].find(&open).map(|i| at + i + open.len()) else { return out };
+    let Some(end) = out[start..].find(&close).map(|i| start + i) else { return out };
+    out.replace_range(start..end, inner);
     out
 }
 
@@ -276,7 +310,7 @@ mod tests {
     fn only_the_named_instance_shows_its_in_between_state() {
         let body = "<item><instanceId>i-1</instanceId><instanceState><code>80</code><name>stopped</name></instanceState></item>\
                     <item><instanceId>i-2</instanceId><instanceState><code>16</code><name>running</name></instanceState></item>";
-        let out = rewrite_states(body, &HashMap::from([("i-1", ("stopping", 64))]));
+        let out = rewrite_item(body, "i-1", "instanceState", "<code>64</code><name>stopping</name>");
         assert!(out.contains("<instanceId>i-1</instanceId><instanceState><code>64</code><name>stopping</name>"));
         assert!(out.contains("<instanceId>i-2</instanceId><instanceState><code>16</code><name>running</name>"));
     }

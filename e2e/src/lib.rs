@@ -14,6 +14,7 @@ pub mod ec2_faults;
 pub mod error;
 pub mod eventbridge;
 pub mod gateway;
+pub mod imds;
 pub mod moto;
 pub mod node_sim;
 pub mod operator;
@@ -25,6 +26,7 @@ pub mod sessions;
 pub mod stack;
 pub mod templates;
 pub mod webhook;
+pub mod workspace_keys;
 
 use std::sync::OnceLock;
 

@@ -46,6 +46,11 @@ pub struct SimConfig {
     pub system_namespace: String,
     pub cluster_name: String,
     pub heartbeat_ms: u64,
+    /// Signs each boot's identity document (the region's certificate).
+    pub identity_authority: crate::imds::IdentityAuthority,
+    /// The operator's workspace key service, and the CA of its certificate.
+    pub workspace_key_url: String,
+    pub workspace_key_ca: PathBuf,
 }
 
 /// Runs on a thread and runtime of its own, so it outlives any one test's
@@ -85,12 +90,24 @@ struct SimNode {
     ready: bool,
     /// When the node's kube-node-lease Lease was last renewed.
     lease_renewed: Option<std::time::Instant>,
+    /// The instance metadata service, and the document it serves now.
+    imds: Option<crate::imds::Imds>,
+    served_document: Option<String>,
+    /// The loop device standing for the attached workspace volume.
+    loop_device: Option<PathBuf>,
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        detach_loop(&mut self.loop_device);
+    }
 }
 
 impl NodeSimulator {
     pub fn start(cfg: SimConfig) -> Self {
         std::fs::create_dir_all(&cfg.volumes_dir).expect("volumes dir");
         std::fs::create_dir_all(&cfg.nodes_dir).expect("nodes dir");
+        detach_stale_loops();
         let volumes_dir = cfg.volumes_dir.clone();
         let nodes_dir = cfg.nodes_dir.clone();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
@@ -163,7 +180,8 @@ async fn tick(
         .send()
         .await?;
     let node_api: Api<Node> = Api::all(client.clone());
-    for i in out.reservations().iter().flat_map(|r| r.instances()) {
+    let instances = out.reservations().iter().flat_map(|r| r.instances().iter().map(move |i| (r.owner_id(), i)));
+    for (owner, i) in instances {
         let Some(id) = i.instance_id() else { continue };
         let zone = i.placement().and_then(|p| p.availability_zone()).unwrap_or("ap-southeast-2a");
         let state = i.state().and_then(|s| s.name()).cloned().unwrap_or(InstanceStateName::Pending);
@@ -177,6 +195,9 @@ async fn tick(
                     volume: None,
                     ready: false,
                     lease_renewed: None,
+                    imds: None,
+                    served_document: None,
+                    loop_device: None,
                 });
                 if !node.ready {
                     register(&node_api, &node.name, id, zone, true).await?;
@@ -214,7 +235,22 @@ async fn tick(
                     && let Some(volume) = attached_volume(ec2, id).await?
                 {
                     let kubeconfig = worker_identity(client, cfg, &node.name).await?;
-                    node.worker = Some(start_worker(cfg, &node.name, &volume, &kubeconfig)?);
+                    let identity = crate::imds::InstanceIdentity::of(owner, i);
+                    let imds = match node.imds.take() {
+                        Some(imds) => imds,
+                        None => crate::imds::Imds::start().await?,
+                    };
+                    let document = identity.document();
+                    if node.served_document.as_ref() != Some(&document) {
+                        imds.serve(document.clone(), cfg.identity_authority.sign(&document)?);
+                        node.served_document = Some(document);
+                    }
+                    if node.loop_device.is_none() {
+                        node.loop_device = attach_loop(cfg, &volume);
+                    }
+                    let env = WorkerEnv { imds: imds.endpoint(), device: node.loop_device.clone() };
+                    node.imds = Some(imds);
+                    node.worker = Some(start_worker(cfg, &node.name, &volume, &kubeconfig, &env)?);
                     node.volume = Some(volume);
                 }
             }
@@ -254,6 +290,74 @@ fn power_off(node: &mut SimNode) {
     }
     kill_marked(&format!("HANGAR_SIM_NODE={}", node.name));
     let _ = std::fs::remove_dir_all(attachments_dir(&node.name));
+    // The volume is detached from a stopped instance's view; the next boot
+    // attaches it again.
+    detach_loop(&mut node.loop_device);
+}
+
+/// The worker's view of its node beyond the volume directory.
+struct WorkerEnv {
+    /// The node's instance metadata service.
+    imds: String,
+    /// The workspace volume as a block device, where loop devices can be
+    /// made (root, util-linux).
+    device: Option<PathBuf>,
+}
+
+/// A loop device over `<volumes_dir>/<volume>.luks`, a sparse file made on
+/// first use: the block device the worker formats LUKS2 under the session
+/// key. `None` (with the reason logged) where loop devices cannot be made.
+fn attach_loop(cfg: &SimConfig, volume: &str) -> Option<PathBuf> {
+    if !nix::unistd::geteuid().is_root() {
+        tracing::warn!("node simulator: not root, so workspace volumes are plain directories (no LUKS2 volume)");
+        return None;
+    }
+    let image = cfg.volumes_dir.join(format!("{volume}.luks"));
+    if !image.exists() {
+        let made = std::fs::File::create(&image).and_then(|f| f.set_len(VOLUME_IMAGE_BYTES));
+        if let Err(e) = made {
+            tracing::warn!(error = %e, "node simulator: no volume image; the workspace is a plain directory");
+            return None;
+        }
+    }
+    let out = std::process::Command::new("losetup").args(["--find", "--show"]).arg(&image).output();
+    match out {
+        Ok(o) if o.status.success() => Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())),
+        Ok(o) => {
+            tracing::warn!(stderr = %String::from_utf8_lossy(&o.stderr), "node simulator: losetup failed; plain directory");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "node simulator: no losetup; the workspace is a plain directory");
+            None
+        }
+    }
+}
+
+/// Room for the LUKS2 header (16 MiB by default) and a little data; the
+/// file is sparse, so it costs only what is written.
+const VOLUME_IMAGE_BYTES: u64 = 32 << 20;
+
+fn detach_loop(device: &mut Option<PathBuf>) {
+    if let Some(d) = device.take() {
+        let _ = std::process::Command::new("losetup").arg("--detach").arg(&d).output();
+    }
+}
+
+/// Loop devices a killed test run left over simulated volumes (their
+/// backing files deleted with the run's directory).
+fn detach_stale_loops() {
+    let Ok(out) =
+        std::process::Command::new("losetup").args(["--list", "--noheadings", "-O", "NAME,BACK-FILE"]).output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((name, back)) = line.trim().split_once(' ') else { continue };
+        if back.contains("/volumes/vol-") && back.trim_end().ends_with(".luks (deleted)") {
+            let _ = std::process::Command::new("losetup").arg("--detach").arg(name).output();
+        }
+    }
 }
 
 /// Where a node keeps the Secret volumes of its Pods: in memory (tmpfs),
@@ -378,6 +482,7 @@ fn start_worker(
     node: &str,
     volume_id: &str,
     kubeconfig: &std::path::Path,
+    env: &WorkerEnv,
 ) -> crate::Result<ChildProcess> {
     let dir = cfg.volumes_dir.join(volume_id);
     std::fs::create_dir_all(&dir).map_err(crate::error::io("volume dir"))?;
@@ -396,7 +501,17 @@ fn start_worker(
         .env("HANGAR_SYSTEM_NAMESPACE", &cfg.system_namespace)
         .env("HANGAR_WORKSPACE_DIR", &dir)
         .env("HANGAR_HEARTBEAT_MS", cfg.heartbeat_ms.to_string())
+        .env("HANGAR_IMDS_ENDPOINT", &env.imds)
+        .env("HANGAR_WORKSPACE_KEY_URL", &cfg.workspace_key_url)
+        .env("HANGAR_WORKSPACE_KEY_CA", &cfg.workspace_key_ca)
         .env("RUST_LOG", "info");
+    if let Some(device) = &env.device {
+        // The same opening as on a real node up to the mapping: the volume
+        // formatted LUKS2 under the session key, the key checked on it.
+        // The files stay in the directory (this simulator's processes share
+        // one mount namespace, and the VM may lack device-mapper).
+        cmd.env("HANGAR_WORKSPACE_DEVICE", device).env("HANGAR_WORKSPACE_PLAINTEXT_FALLBACK", "1");
+    }
     tracing::info!(%node, %volume_id, "node simulator: starting worker");
     let child = ChildProcess::spawn(&format!("worker {node}"), cmd, &cfg.log_dir.join(format!("worker-{node}.log")))?;
     write_pid(cfg, node, "worker", child.id());

@@ -24,8 +24,45 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 pub const SYSTEM_NAMESPACE: &str = "hangar-system";
 pub const CLUSTER_NAME: &str = "hangar-local";
 
+/// The operator's workspace key service: where it listens (a fixed port,
+/// so workers find it across operator restarts), its TLS files and the
+/// regional certificate identity documents are checked against.
+#[derive(Clone, Debug)]
+pub struct KeyService {
+    pub port: u16,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub regional_certificate: PathBuf,
+}
+
+impl KeyService {
+    /// A serving certificate for 127.0.0.1 from a CA of its own, in `dir`.
+    pub fn generate(dir: &std::path::Path, regional_certificate: PathBuf) -> Result<Self> {
+        let ca = crate::pki::LocalCa::new("hangar-workspace-key-ca")?;
+        let serving = ca.serving("hangar-workspace-keys", &["127.0.0.1", "localhost"])?;
+        let write = |name: &str, body: &str| -> Result<PathBuf> {
+            let path = dir.join(name);
+            std::fs::write(&path, body).map_err(crate::error::io(format!("write {name}")))?;
+            Ok(path)
+        };
+        Ok(Self {
+            port: free_port(),
+            ca: write("workspace-key-ca.crt", &ca.cert_pem())?,
+            cert: write("workspace-key.crt", &serving.cert)?,
+            key: write("workspace-key.key", &serving.key)?,
+            regional_certificate,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+}
+
 pub struct OperatorProcess {
     process: Option<ChildProcess>,
+    key_service: KeyService,
     pub metrics_port: u16,
     kubeconfig: PathBuf,
     ec2_endpoint: String,
@@ -41,10 +78,12 @@ impl OperatorProcess {
         cp: &ControlPlane,
         ec2_endpoint: &str,
         registry_endpoints: &str,
+        key_service: &KeyService,
         extra_env: &[(&str, &str)],
     ) -> Result<Self> {
         let mut op = Self {
             process: None,
+            key_service: key_service.clone(),
             metrics_port: 0,
             kubeconfig: cp.kubeconfig.clone(),
             ec2_endpoint: ec2_endpoint.to_owned(),
@@ -72,6 +111,10 @@ impl OperatorProcess {
             .env("HANGAR_DEBUG_SAMPLES", "true")
             .env("HANGAR_REGISTRY_ENDPOINTS", &self.registry_endpoints)
             .env("HANGAR_TEMPLATE_KEYS", crate::templates::trusted_keys_env())
+            .env("HANGAR_WORKSPACE_KEY_LISTEN", format!("127.0.0.1:{}", self.key_service.port))
+            .env("HANGAR_WORKSPACE_KEY_TLS_CERT", &self.key_service.cert)
+            .env("HANGAR_WORKSPACE_KEY_TLS_KEY", &self.key_service.key)
+            .env("HANGAR_INSTANCE_IDENTITY_CERTIFICATE", &self.key_service.regional_certificate)
             .env("RUST_LOG", std::env::var("HANGAR_OPERATOR_LOG").unwrap_or_else(|_| "info".into()));
         for (k, v) in &self.extra_env {
             cmd.env(k, v);

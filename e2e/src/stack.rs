@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::gateway::{GatewayClient, GatewayProcess};
 use crate::moto::Moto;
 use crate::node_sim::{NodeSimulator, SimConfig};
-use crate::operator::{CLUSTER_NAME, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
+use crate::operator::{CLUSTER_NAME, KeyService, OperatorProcess, SYSTEM_NAMESPACE, workspace_binary};
 use crate::registry::Registry;
 use crate::webhook::WebhookProcess;
 
@@ -23,12 +23,17 @@ pub struct LocalStack {
     /// A second gateway replica, peer of the first.
     pub gateway_replica: GatewayProcess,
     pub webhook: WebhookProcess,
-    /// In front of moto when the options ask for EC2's in-between states:
-    /// the operator and the node simulator both go through it.
-    pub ec2_proxy: Option<FaultProxy>,
+    /// In front of moto: the operator and the node simulator both go
+    /// through it. It plays EC2's in-between states when the options ask.
+    pub ec2_proxy: FaultProxy,
     pub moto: Moto,
     /// The OCI registry the images are read from (`registry.hangar.test`).
     pub registry: Registry,
+    /// Signs the simulated instances' identity documents (the stand-in for
+    /// the region's AWS certificate, which the operator trusts).
+    pub identity_authority: crate::imds::IdentityAuthority,
+    /// The operator's workspace key service.
+    pub key_service: KeyService,
     pub cp: ControlPlane,
 }
 
@@ -65,13 +70,17 @@ impl LocalStack {
         apply_chart_parts(&cp, &CHART_IDENTITIES_AND_POLICIES)?;
         let webhook = WebhookProcess::start(&cp)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let ec2_proxy = opts.ec2_transitions.map(|d| FaultProxy::start_with_transitions(moto.port, d));
-        let ec2_endpoint = ec2_proxy.as_ref().map_or_else(|| moto.endpoint(), FaultProxy::endpoint);
+        // Always in front of moto: it plays the launch time EC2 gives each
+        // start, which the workspace key hand-over checks.
+        let ec2_proxy = FaultProxy::start_with_transitions(moto.port, opts.ec2_transitions.unwrap_or_default());
+        let ec2_endpoint = ec2_proxy.endpoint();
         let registries = std::iter::once(format!("{}={}", crate::registry::REGISTRY_HOST, registry.endpoint()))
             .chain(opts.registry_endpoints.iter().map(|(h, u)| format!("{h}={u}")))
             .collect::<Vec<_>>()
             .join(",");
-        let operator = OperatorProcess::start(&cp, &ec2_endpoint, &registries, &env)?;
+        let identity_authority = crate::imds::IdentityAuthority::generate(&cp.dir().join("pki"), "regional-identity")?;
+        let key_service = KeyService::generate(&cp.dir().join("pki"), identity_authority.cert.clone())?;
+        let operator = OperatorProcess::start(&cp, &ec2_endpoint, &registries, &key_service, &env)?;
         let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();
         let (gateway, gateway_replica) = (replicas.next().expect("replica 0"), replicas.next().expect("replica 1"));
         let sim = NodeSimulator::start(SimConfig {
@@ -86,6 +95,9 @@ impl LocalStack {
             system_namespace: SYSTEM_NAMESPACE.into(),
             cluster_name: CLUSTER_NAME.into(),
             heartbeat_ms: opts.worker_heartbeat_ms.unwrap_or(500),
+            identity_authority: identity_authority.clone(),
+            workspace_key_url: key_service.url(),
+            workspace_key_ca: key_service.ca.clone(),
         });
         Ok(Self {
             sim,
@@ -96,19 +108,20 @@ impl LocalStack {
             ec2_proxy,
             moto,
             registry,
+            identity_authority,
+            key_service,
             cp,
         })
     }
 
-    /// The EC2 endpoint the operator talks to (the proxy when there is one).
+    /// The EC2 endpoint the operator talks to (the proxy).
     pub fn ec2_endpoint(&self) -> String {
-        self.ec2_proxy.as_ref().map_or_else(|| self.moto.endpoint(), FaultProxy::endpoint)
+        self.ec2_proxy.endpoint()
     }
 
-    /// The fault proxy in front of moto (stacks started with
-    /// `ec2_transitions`).
+    /// The fault proxy in front of moto.
     pub fn ec2_proxy(&self) -> &FaultProxy {
-        self.ec2_proxy.as_ref().expect("a stack started with ec2_transitions")
+        &self.ec2_proxy
     }
 
     /// The output store the simulated workers write to.

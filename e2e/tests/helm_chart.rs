@@ -150,6 +150,10 @@ fn operator_accepts_the_charts_flags_and_environment() {
         "aws.amiId=ami-0e1f",
         "--set",
         "watchNamespaces={team-a}",
+        "--set",
+        "operator.workspaceKeys.tlsSecret=workspace-keys-tls",
+        "--set",
+        "operator.workspaceKeys.identityCertificate=PEM",
     ]);
     let deploy = find(&docs, "Deployment", "hangar-operator", Some("hangar-system")).unwrap();
     let container = &deploy["spec"]["template"]["spec"]["containers"][0];
@@ -165,7 +169,16 @@ fn operator_accepts_the_charts_flags_and_environment() {
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{args:?}: {}", text(&out));
     let printed = text(&out);
-    for want in ["subnet-0a1b", "sg-0c1d", "ami-0e1f", "team-a", "m7g.large", "leader_elect: true"] {
+    for want in [
+        "subnet-0a1b",
+        "sg-0c1d",
+        "ami-0e1f",
+        "team-a",
+        "m7g.large",
+        "leader_elect: true",
+        "\"0.0.0.0:8443\"",
+        "/etc/hangar/instance-identity/certificate.pem",
+    ] {
         assert!(printed.contains(want), "{want} not in the parsed settings: {printed}");
     }
 }
@@ -377,4 +390,44 @@ fn chart_installs_and_grants_least_privilege() {
     no(worker, &["get", "secrets", "-n", "hangar-system"]);
     no(worker, &["get", "secrets/hangar-org-key", "-n", "hangar-system"]);
     no(worker, &["list", "secrets", "-n", "hangar-system"]);
+}
+
+/// The key service the workers are pointed at is the operator's: its
+/// Service selects the operator and targets the port it listens on, the
+/// worker trusts only the CA of that Secret and reaches IMDS from the
+/// host network; unset values serve no key at all.
+#[test]
+fn workers_reach_the_operators_workspace_key_service() {
+    let docs = render(&[
+        "--set",
+        "operator.workspaceKeys.tlsSecret=workspace-keys-tls",
+        "--set",
+        "operator.workspaceKeys.identityCertificate=PEM",
+    ]);
+    let svc = find(&docs, "Service", "hangar-workspace-keys", Some("hangar-system")).expect("the key Service");
+    assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/component"].as_str(), Some("operator"));
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"].as_str(), Some("workspace-keys"));
+    let op = &find(&docs, "Deployment", "hangar-operator", None).unwrap()["spec"]["template"]["spec"];
+    let port = op["containers"][0]["ports"].as_sequence().unwrap().iter().find(|p| p["name"] == "workspace-keys");
+    assert_eq!(port.unwrap()["containerPort"].as_u64(), Some(8443));
+    let ds = &find(&docs, "DaemonSet", "hangar-worker", None).unwrap()["spec"]["template"]["spec"];
+    assert_eq!(ds["hostNetwork"].as_bool(), Some(true), "IMDSv2 with hop limit 1 answers the host network only");
+    let env = |name: &str| {
+        ds["containers"][0]["env"].as_sequence().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone())
+    };
+    assert_eq!(
+        env("HANGAR_WORKSPACE_KEY_URL").and_then(|v| v.as_str().map(str::to_owned)).as_deref(),
+        Some("https://hangar-workspace-keys.hangar-system.svc:8443")
+    );
+    let ca = ds["volumes"].as_sequence().unwrap().iter().find(|v| v["name"] == "workspace-keys-ca").unwrap();
+    let items: Vec<&str> =
+        ca["secret"]["items"].as_sequence().unwrap().iter().map(|i| i["key"].as_str().unwrap()).collect();
+    assert_eq!(items, ["ca.crt"], "the worker gets the CA, never the service's private key");
+    assert!(env("HANGAR_WORKSPACE_DEVICE").is_some());
+
+    let bare = render(&[]);
+    assert!(find(&bare, "Service", "hangar-workspace-keys", None).is_none());
+    let op = &find(&bare, "Deployment", "hangar-operator", None).unwrap()["spec"]["template"]["spec"];
+    let args = serde_yaml::to_string(&op["containers"][0]["args"]).unwrap();
+    assert!(!args.contains("workspace-key-listen"), "no key service without its certificate and TLS Secret");
 }

@@ -22,6 +22,10 @@ fn a_container_killed_outright_leaves_no_process_behind() {
     }
     let dir = RunDir::new("hangar-no-orphans").unwrap();
     let socket = dir.path.join("supervisor.sock");
+    // The worker's part: the workspace is open.
+    let marker = dir.path.join(hangar_supervisor_protocol::WORKSPACE_OPEN_MARKER);
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, b"open\n").unwrap();
     let mut cmd = container_command(&workspace_binary("hangar-supervisor"));
     cmd.args(["--mode", "commands", "--socket", socket.to_str().unwrap(), "--workdir", dir.path.to_str().unwrap()]);
     let mut container = ChildProcess::spawn("container", cmd, &dir.path.join("supervisor.log")).unwrap();

@@ -6,11 +6,14 @@
 //! - `session`: the 64-byte workspace key made for each session
 //! - `proof`: a session token's proof of possession (`Hangar-Proof`)
 //! - `token`: session tokens (`hgt_…`) and the digest kept of them
+//! - `instance_identity`: the EC2 instance identity document's PKCS#7
+//!   signature, checked against the regional certificate
 //! - `template_signing`: Ed25519 signatures of template releases, the
 //!   platform's trusted keys
 //!
 //! Raw key bytes are `zeroize::Zeroizing`: wiped from memory when dropped.
 
+pub mod instance_identity;
 pub mod proof;
 pub mod seal;
 pub mod session;

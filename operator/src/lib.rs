@@ -40,3 +40,4 @@ pub mod sandbox_status;
 pub mod settings;
 pub mod templates;
 pub mod tokens;
+pub mod workspace_keys;

@@ -144,6 +144,22 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         preflights,
         trusted_keys,
     });
+    if let Some(listen) = &settings.workspace_key_listen {
+        let missing = |what: &str| format!("--workspace-key-listen needs {what}");
+        let cert = settings.workspace_key_tls_cert.as_ref().ok_or_else(|| missing("--workspace-key-tls-cert"))?;
+        let key = settings.workspace_key_tls_key.as_ref().ok_or_else(|| missing("--workspace-key-tls-key"))?;
+        let regional = settings
+            .instance_identity_certificate
+            .as_ref()
+            .ok_or_else(|| missing("--instance-identity-certificate"))?;
+        let regional =
+            hangar_keys::instance_identity::RegionalCertificate::from_pem(&std::fs::read_to_string(regional)?)?;
+        let tls = hangar_runtime::https::server_config(cert, key)?;
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        tracing::info!(addr = %listener.local_addr()?, "workspace key service serving");
+        let service = hangar_operator::workspace_keys::KeyService::new(ctx.clone(), regional);
+        tokio::spawn(service.serve(listener, tls));
+    }
     readiness.set_ready();
     tokio::spawn(sweep_loop(
         ec2,

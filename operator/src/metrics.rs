@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
@@ -26,6 +27,10 @@ pub struct Metrics {
     pub watched_instances: Gauge,
     /// Image preflights run (a cached result runs none).
     pub image_preflight_checks: Counter,
+    /// Workspace key requests by result: `granted` or the refusal's reason.
+    workspace_key_requests: Family<Vec<(String, String)>, Counter>,
+    /// Key request received → key sent, for granted ones.
+    workspace_key_handover: Histogram,
     node_ready_to_running: Histogram,
     event_to_running: Histogram,
     workspace_closed_to_stop: Histogram,
@@ -77,6 +82,8 @@ impl Default for Metrics {
             reconcile_errors: Counter::default(),
             watched_instances: Gauge::default(),
             image_preflight_checks: Counter::default(),
+            workspace_key_requests: Family::default(),
+            workspace_key_handover: Histogram::new(latency_buckets()),
             node_ready_to_running: Histogram::new(latency_buckets()),
             event_to_running: Histogram::new(latency_buckets()),
             workspace_closed_to_stop: Histogram::new(latency_buckets()),
@@ -97,6 +104,17 @@ impl Metrics {
             "image_preflight_checks",
             "Image preflights run against a registry (cached results run none)",
             self.image_preflight_checks.clone(),
+        );
+        registry.register(
+            "workspace_key_requests",
+            "Workspace key requests, by result (granted, or why refused)",
+            self.workspace_key_requests.clone(),
+        );
+        registry.register_with_unit(
+            "workspace_key_handover",
+            "Workspace key request received to key sent (granted requests)",
+            Unit::Seconds,
+            self.workspace_key_handover.clone(),
         );
         registry.register("ec2_mutating_calls", "EC2 calls that change something", ec2.mutating.clone());
         registry.register(
@@ -124,6 +142,15 @@ impl Metrics {
             Unit::Seconds,
             self.workspace_closed_to_stop.clone(),
         );
+    }
+
+    pub fn workspace_key_granted(&self, took: std::time::Duration) {
+        self.workspace_key_requests.get_or_create(&vec![("result".into(), "granted".into())]).inc();
+        self.workspace_key_handover.observe(took.as_secs_f64());
+    }
+
+    pub fn workspace_key_refused(&self, reason: &str) {
+        self.workspace_key_requests.get_or_create(&vec![("result".into(), reason.into())]).inc();
     }
 
     pub fn triggered(&self, namespace: &str, name: &str) {

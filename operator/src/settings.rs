@@ -146,6 +146,21 @@ pub struct Settings {
     /// pair).
     #[arg(long = "template-key", env = "HANGAR_TEMPLATE_KEYS", value_delimiter = ',', value_parser = parse_pair)]
     pub template_keys: Vec<(String, String)>,
+    /// Where the workspace key service listens (TLS): the workers of the
+    /// session nodes ask it for their session's key. Unset: no service,
+    /// and workers wait for one.
+    #[arg(long, env = "HANGAR_WORKSPACE_KEY_LISTEN")]
+    pub workspace_key_listen: Option<String>,
+    /// The key service's serving certificate and key (PEM files).
+    #[arg(long, env = "HANGAR_WORKSPACE_KEY_TLS_CERT")]
+    pub workspace_key_tls_cert: Option<std::path::PathBuf>,
+    #[arg(long, env = "HANGAR_WORKSPACE_KEY_TLS_KEY")]
+    pub workspace_key_tls_key: Option<std::path::PathBuf>,
+    /// The region's AWS certificate for instance identity documents (the
+    /// `rsa2048` one, PEM file): the only key a worker's document is
+    /// checked against.
+    #[arg(long, env = "HANGAR_INSTANCE_IDENTITY_CERTIFICATE")]
+    pub instance_identity_certificate: Option<std::path::PathBuf>,
     #[arg(long)]
     pub print_settings: bool,
 }

@@ -16,6 +16,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Written by the worker inside the workspace once it is open (on a real
+/// node: mapped and mounted, so the file is on the encrypted filesystem)
+/// and removed when it closes. The supervisor starts nothing before it
+/// sees it: whatever ran earlier would write to the node's root disk
+/// under the mount point, in the clear, and be hidden by the mount.
+pub const WORKSPACE_OPEN_MARKER: &str = ".hangar/open";
+
 /// From the worker to the supervisor.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "snake_case", tag = "type")]

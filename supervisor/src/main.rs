@@ -31,6 +31,7 @@ async fn main() -> ExitCode {
         default_cwd: flag("--workdir").unwrap_or_else(|| "/workspace".into()).into(),
         grace: Duration::from_secs(flag("--grace-seconds").and_then(|g| g.parse().ok()).unwrap_or(10)),
     };
+    wait_for_workspace(&cfg.default_cwd).await;
     match serve(cfg, agent).await {
         Ok(None) => ExitCode::SUCCESS,
         // Mode agent: the container ends with the agent, with its code.
@@ -42,5 +43,18 @@ async fn main() -> ExitCode {
             eprintln!("hangar-supervisor: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Waits until the worker has opened the workspace (its marker is there):
+/// nothing runs on the bare mount point.
+async fn wait_for_workspace(workdir: &std::path::Path) {
+    let marker = workdir.join(hangar_supervisor_protocol::WORKSPACE_OPEN_MARKER);
+    if marker.exists() {
+        return;
+    }
+    eprintln!("hangar-supervisor: waiting for the worker to open {}", workdir.display());
+    while !marker.exists() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -25,6 +25,14 @@ impl Drop for Supervisor {
     }
 }
 
+/// What the worker does once the workspace is open (the supervisor waits
+/// for it).
+fn open_workspace(dir: &Path) {
+    let marker = dir.join(hangar_supervisor_protocol::WORKSPACE_OPEN_MARKER);
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(marker, b"open\n").unwrap();
+}
+
 async fn start(dir: &Path) -> (Supervisor, std::path::PathBuf) {
     start_in(dir, "commands", &["--grace-seconds", "1"]).await
 }
@@ -32,6 +40,7 @@ async fn start(dir: &Path) -> (Supervisor, std::path::PathBuf) {
 /// The supervisor in `mode` with `extra` arguments, once its socket answers.
 async fn start_in(dir: &Path, mode: &str, extra: &[&str]) -> (Supervisor, std::path::PathBuf) {
     let socket = dir.join("supervisor.sock");
+    open_workspace(dir);
     let child = Command::new(env!("CARGO_BIN_EXE_hangar-supervisor"))
         .args(["--mode", mode, "--socket", socket.to_str().unwrap(), "--workdir", dir.to_str().unwrap()])
         .args(extra)
@@ -285,4 +294,29 @@ async fn in_mode_agent_the_agents_exit_is_reported_and_ends_the_container_with_i
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(status.code(), Some(7));
+}
+
+#[tokio::test]
+async fn nothing_starts_before_the_worker_has_opened_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("supervisor.sock");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hangar-supervisor"))
+        .args(["--mode", "agent", "--socket", socket.to_str().unwrap(), "--workdir", dir.path().to_str().unwrap()])
+        .args(["--", "sh", "-c", "touch ran; sleep 30"])
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(10), stderr.next_line()).await.unwrap().unwrap().unwrap();
+    assert!(said.contains("waiting for the worker to open"), "{said}");
+    // It waits before it serves or starts the agent.
+    assert!(!dir.path().join("ran").exists(), "the agent ran on the bare mount point");
+    assert!(!socket.exists(), "the socket is served before the workspace is open");
+    open_workspace(dir.path());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !dir.path().join("ran").exists() {
+        assert!(tokio::time::Instant::now() < deadline, "the agent did not start once the workspace was open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -10,7 +10,9 @@
 //!   writes, compare-and-swap status patches);
 //! - `supervisor_link`: the worker's end of the supervisor socket;
 //! - `attempt_key`: the key an attempt's output is sealed under;
-//! - `workspace`: opening and closing `/workspace`;
+//! - `workspace`: opening and closing `/workspace` (LUKS2 under the
+//!   session key);
+//! - `workspace_key`: getting that key for a proven instance;
 //! - `hard_stop`: the attempt's compute deadline, handed to the node;
 //! - `metrics`: its series on the admin server's `/metrics`.
 
@@ -20,3 +22,4 @@ pub mod hard_stop;
 pub mod metrics;
 pub mod supervisor_link;
 pub mod workspace;
+pub mod workspace_key;

@@ -11,7 +11,7 @@
 //! whose token it mints, for the session's Sandbox and Commands — bound in
 //! the session's namespace only.
 
-use hangar_worker::{commands, workspace};
+use hangar_worker::{commands, workspace, workspace_key};
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -32,6 +32,9 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::watch;
 
+/// In `HANGAR_WORKSPACE_DEVICE`: the session's volume id, dash removed
+/// (`/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{volume}`).
+const VOLUME_PLACEHOLDER: &str = "{volume}";
 const SESSION_LABEL: &str = "hangar.dev/session";
 const SESSION_NAMESPACE_LABEL: &str = "hangar.dev/session-namespace";
 
@@ -40,7 +43,11 @@ enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("workspace: {0}")]
-    Workspace(#[from] std::io::Error),
+    Workspace(#[from] workspace::WorkspaceError),
+    #[error("workspace key: {0}")]
+    Key(#[from] workspace_key::KeyFetchError),
+    #[error("the session's Sandbox has no uid, or no volume yet")]
+    NoSessionId,
     #[error("the apiserver issued no token for the node's account")]
     NoToken,
     #[error("environment variable {0} is not set")]
@@ -57,6 +64,13 @@ struct Config {
     node_name: String,
     system_namespace: String,
     workspace: std::path::PathBuf,
+    /// The session's volume device (LUKS2 under the session key), where
+    /// `{volume}` stands for the volume id without its dash; unset: the
+    /// workspace is a plain directory.
+    workspace_device: Option<String>,
+    /// Without device-mapper, check the key on the device but keep the
+    /// files in the directory (the local simulator only).
+    workspace_plaintext_fallback: bool,
     renew: Duration,
     /// Node-local disk for the output spool, attempt keys and journal.
     spool: std::path::PathBuf,
@@ -78,6 +92,8 @@ impl Config {
             workspace: std::env::var("HANGAR_WORKSPACE_DIR")
                 .unwrap_or_else(|_| "/var/lib/hangar/workspace".into())
                 .into(),
+            workspace_device: std::env::var("HANGAR_WORKSPACE_DEVICE").ok(),
+            workspace_plaintext_fallback: std::env::var("HANGAR_WORKSPACE_PLAINTEXT_FALLBACK").is_ok_and(|v| v == "1"),
             renew: Duration::from_millis(
                 std::env::var("HANGAR_HEARTBEAT_MS")
                     .ok()
@@ -176,7 +192,31 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     readiness.set_ready();
     let sandboxes: Api<Sandbox> = Api::namespaced(session.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.system_namespace);
-    let ws = workspace::Workspace::open(&config.workspace)?;
+    // The workspace opens under the session's key, which only this
+    // instance, proven by its identity document, is given.
+    let device_by_volume = config.workspace_device.as_ref().is_some_and(|d| d.contains(VOLUME_PLACEHOLDER));
+    let (session_id, volume_id) = hangar_runtime::retry::until_ok("read the session's Sandbox", || async {
+        let s = sandboxes.get(&name).await?;
+        let volume = s.status.as_ref().and_then(|st| st.volume_id.clone());
+        match (s.metadata.uid, volume) {
+            (Some(uid), volume) if volume.is_some() || !device_by_volume => Ok((uid, volume)),
+            _ => Err(Error::NoSessionId),
+        }
+    })
+    .await;
+    let keys = workspace_key::KeySource::from_env()?;
+    let session_ref = workspace_key::SessionRef { namespace: &ns, sandbox: &name, session_id: &session_id };
+    let key = keys.fetch_until_granted(&session_ref).await;
+    let backing = workspace::Backing {
+        device: config.workspace_device.as_deref().map(|d| {
+            // An EBS volume's NVMe device is named by its id, dash removed.
+            d.replace(VOLUME_PLACEHOLDER, &volume_id.as_deref().unwrap_or_default().replace('-', "")).into()
+        }),
+        plaintext_fallback: config.workspace_plaintext_fallback,
+    };
+    let ws = workspace::Workspace::open(&config.workspace, &backing, &key)?;
+    drop(key);
+    tracing::info!(session_id, "workspace open");
     let store = hangar_output::OutputStore::from_url(
         &config.output_store,
         &config.output_region,

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use hangar_e2e::bench::pct;
+use hangar_e2e::bench::{pct, report};
 use hangar_e2e::process::RunDir;
 use hangar_e2e::registry::{Blob, Image, Manifest, REGISTRY_HOST, Registry, config, sha256};
 use hangar_operator::images::preflights::{Lookup, Preflights};
@@ -34,17 +34,6 @@ fn image(i: usize, layers: usize) -> Image {
         repository: format!("bench/image-{i}"),
         entries: vec![("linux".into(), "amd64".into(), amd), ("linux".into(), "arm64".into(), arm)],
     }
-}
-
-fn report(what: &str, unit: &str, v: Vec<u64>) {
-    println!(
-        "{what}: n={} p50={} p90={} p99={} max={} {unit}",
-        v.len(),
-        pct(v.clone(), 0.5),
-        pct(v.clone(), 0.9),
-        pct(v.clone(), 0.99),
-        pct(v, 1.0)
-    );
 }
 
 fn main() {
@@ -89,8 +78,8 @@ fn main() {
             "image preflight, {n} images (index of amd64 + arm64, {layers} layers), loopback registry, release build:"
         );
         let (c50, k50) = (pct(cold.clone(), 0.5) * 1000, pct(cached.clone(), 0.5).max(1));
-        report("  cold (registry reads)", "µs", cold);
-        report("  cached (lookup by image)", "ns", cached);
+        report("  cold (registry reads)", "µs", &cold);
+        report("  cached (lookup by image)", "ns", &cached);
         println!("  ratio cold/cached at p50: {}", c50 / k50);
     });
     drop(dir);

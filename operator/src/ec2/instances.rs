@@ -87,6 +87,33 @@ impl Ec2 {
             .collect())
     }
 
+    /// One instance as EC2 shows it now, for the workspace key hand-over:
+    /// its state, session tag, owner and the start of its current boot.
+    /// `None` when EC2 does not know it (a filter, so an unknown id is an
+    /// empty answer, not an error).
+    pub async fn describe_for_identity(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<hangar_core::workspace_key::InstanceNow>, Ec2Error> {
+        let out = self
+            .call("DescribeInstances", CallKind::DescribeInstances, || {
+                self.client
+                    .describe_instances()
+                    .filters(Filter::builder().name("instance-id").values(instance_id).build())
+                    .send()
+            })
+            .await?;
+        Ok(out.reservations().iter().find_map(|r| {
+            let i = r.instances().iter().find(|i| i.instance_id() == Some(instance_id))?;
+            Some(hangar_core::workspace_key::InstanceNow {
+                running: i.state().and_then(|s| s.name()) == Some(&InstanceStateName::Running),
+                session_id: tags::tag(i.tags(), tags::SESSION_ID).map(str::to_owned),
+                owner_account: r.owner_id().map(str::to_owned),
+                launch_time: i.launch_time().map(DateTime::secs),
+            })
+        }))
+    }
+
     /// Every instance of this cluster (one paginated call), for the watcher
     /// and the orphan sweep.
     pub async fn describe_cluster_instances(&self) -> Result<Vec<InstanceView>, Ec2Error> {

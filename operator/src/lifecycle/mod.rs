@@ -194,7 +194,7 @@ fn adopt(status: &mut SandboxStatus, obs: &observe::Observation) {
     }
 }
 
-async fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, type_: EventType) {
+pub(crate) async fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, type_: EventType) {
     let ev = Event { type_, reason: reason.into(), note: Some(note.into()), action: reason.into(), secondary: None };
     if let Err(e) = ctx.recorder.publish(&ev, &sandbox.object_ref(&())).await {
         warn!(error = %e, "could not record event");

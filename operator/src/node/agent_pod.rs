@@ -69,7 +69,14 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
         args: Some(args),
         working_dir: Some("/workspace".into()),
         volume_mounts: Some(vec![
-            VolumeMount { name: "workspace".into(), mount_path: "/workspace".into(), ..Default::default() },
+            VolumeMount {
+                name: "workspace".into(),
+                mount_path: "/workspace".into(),
+                // The worker mounts the decrypted volume there after the
+                // container may have started (and again at each resume).
+                mount_propagation: Some("HostToContainer".into()),
+                ..Default::default()
+            },
             VolumeMount { name: "supervisor".into(), mount_path: HOST_SOCKET_DIR.into(), ..Default::default() },
         ]),
         security_context: Some(hardened.clone()),
