@@ -680,3 +680,44 @@ async fn no_foreign_pod_and_no_impostor_node_reaches_a_session() {
     nodes.delete("impostor-node", &DeleteParams::default()).await.unwrap();
     let _ = sid;
 }
+
+/// Code in the sandbox (a command) reaches its supervisor's socket, which
+/// the agent container mounts: it tries to be served as the worker, to
+/// throw away unacknowledged output and to run a command of its own. The
+/// supervisor refuses it at once (it is inside the container's PID
+/// namespace), while another command's output streams on untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_in_the_sandbox_cannot_speak_for_the_worker() {
+    let stack = shared_stack();
+    let ns = "iso-socket";
+    let (_, api, s) = sessions::running_box(stack, ns).await;
+    let sid = s.uid().unwrap();
+    let node = s.status.as_ref().and_then(|st| st.node_name.clone()).expect("node");
+    let node_dir = stack.sim.nodes_dir.join(&node);
+    let socket = node_dir.join("run/supervisor.sock");
+    let pwned = node_dir.join("pwned");
+    cmds::create(&api, &sh("witness", "box", "for i in $(seq 1 30); do echo line-$i; sleep 0.1; done")).await;
+    wait_command_phase(stack, &api, "witness", CommandPhase::Running).await;
+    let intruder = include_str!("../../supervisor/tests/fixtures/socket_intruder.py");
+    let argv = [
+        "python3",
+        "-c",
+        intruder,
+        &socket.display().to_string(),
+        &node_dir.join("intruder-connected").display().to_string(),
+        &pwned.display().to_string(),
+    ];
+    cmds::create(&api, &cmds::command("intruder", "box", &argv, json!({}))).await;
+    let done = wait_command_phase(stack, &api, "intruder", CommandPhase::Exited).await;
+    let witness = wait_command_phase(stack, &api, "witness", CommandPhase::Exited).await;
+    let client = stack.cp.client().await.unwrap();
+    let keys = cmds::output_keys(&client, &sid, 1).await;
+    let intruder_out = cmds::concat(&cmds::read_output(stack, &keys, &sid, number(&done) as u32, 0).await);
+    assert_eq!(String::from_utf8_lossy(&intruder_out), "refused\n", "refused at once, though the worker was connected");
+    let expected: String = (1..=30).map(|i| format!("line-{i}\n")).collect();
+    let witness_out = cmds::concat(&cmds::read_output(stack, &keys, &sid, number(&witness) as u32, 0).await);
+    assert_eq!(String::from_utf8_lossy(&witness_out), expected, "no output thrown away");
+    assert!(!pwned.exists(), "the intruder's own command never ran");
+    let log = std::fs::read_to_string(stack.cp.dir().join(format!("supervisor-{node}.log"))).unwrap_or_default();
+    assert!(log.contains("refused a connection from pid"), "the supervisor says whom it refused");
+}

@@ -192,11 +192,17 @@ async fn accept_loop(
 ) -> std::io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // Worker connections that came while another was served: the next one
+    // is served when the current one ends.
+    let mut waiting: VecDeque<tokio::net::UnixStream> = VecDeque::new();
     loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+        let stream = match waiting.pop_front() {
+            Some(stream) => stream,
+            None => tokio::select! {
+                accepted = accept_worker(listener) => accepted?,
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+            },
         };
         let (read, write) = stream.into_split();
         let writer = tokio::spawn(deliver(write, outbox.clone(), boot.to_owned()));
@@ -204,6 +210,15 @@ async fn accept_loop(
         loop {
             let line = tokio::select! {
                 line = lines.next_line() => line,
+                // Keep accepting while serving, so a process in the sandbox
+                // is refused at once, whoever is connected.
+                accepted = accept_worker(listener) => {
+                    if waiting.len() == MAX_WAITING_WORKERS {
+                        waiting.pop_front();
+                    }
+                    waiting.push_back(accepted?);
+                    continue;
+                }
                 _ = term.recv() => return Ok(()),
                 _ = int.recv() => return Ok(()),
             };
@@ -217,6 +232,68 @@ async fn accept_loop(
         // until a worker acknowledges it.
         writer.abort();
     }
+}
+
+/// Worker connections waiting their turn; a worker that restarted more
+/// often than this has left only stale ones behind.
+const MAX_WAITING_WORKERS: usize = 4;
+
+/// The next connection from outside the sandbox. Code in the sandbox can
+/// reach the socket's path; only the worker, outside the container, may
+/// speak here: a refused peer learns nothing (no hello) and takes no turn.
+/// Cancel-safe: nothing is awaited after a connection is accepted.
+async fn accept_worker(listener: &UnixListener) -> std::io::Result<tokio::net::UnixStream> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        match sandbox_peer(&stream) {
+            None => return Ok(stream),
+            Some(pid) => eprintln!("supervisor: refused a connection from pid {pid} inside the sandbox"),
+        }
+    }
+}
+
+/// The peer's pid when it runs inside this sandbox: in the supervisor's own
+/// PID namespace when the supervisor is that namespace's PID 1 (a
+/// container: the worker, in another namespace, shows as pid 0), or a
+/// descendant of the supervisor (a command it started, or theirs) when it
+/// runs without a namespace of its own.
+fn sandbox_peer(stream: &tokio::net::UnixStream) -> Option<i32> {
+    // Without credentials the peer cannot be told apart: refuse it.
+    let Ok(cred) = stream.peer_cred() else { return Some(-1) };
+    let pid = cred.pid().unwrap_or(0);
+    if pid <= 0 {
+        return None;
+    }
+    let me = std::process::id() as i32;
+    (me == 1 || descends_from(pid, me)).then_some(pid)
+}
+
+/// Whether `pid`'s chain of parents (from /proc) reaches `ancestor`.
+fn descends_from(mut pid: i32, ancestor: i32) -> bool {
+    // A chain longer than pid_max cannot exist; the bound only guards
+    // against a loop in what /proc showed while processes came and went.
+    for _ in 0..4_194_304 {
+        if pid == ancestor {
+            return true;
+        }
+        if pid <= 1 {
+            return false;
+        }
+        match parent_of(pid) {
+            Some(parent) => pid = parent,
+            // The process is gone, or /proc hides it: not ours to trust.
+            None => return true,
+        }
+    }
+    true
+}
+
+/// The parent pid from `/proc/<pid>/stat` (its fourth field, after the
+/// command name in parentheses, which may itself hold spaces or ')').
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Writes the hello, then every unacknowledged message in order, then new

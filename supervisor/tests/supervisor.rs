@@ -201,6 +201,52 @@ async fn unacknowledged_messages_come_again_and_a_repeated_run_is_ignored() {
     );
 }
 
+/// Code in the sandbox reaches the socket's path (it is mounted into the
+/// agent container): it connects while the worker is away, to be served
+/// in the worker's place. The supervisor drops it unheard: it gets no
+/// hello, its acknowledgement throws nothing away, its command never runs,
+/// and the worker, back, gets every message.
+#[tokio::test]
+async fn a_process_in_the_sandbox_is_refused_on_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sup, socket) = start(dir.path()).await;
+    let connected = dir.path().join("intruder-connected");
+    let pwned = dir.path().join("pwned");
+    let intruder = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/socket_intruder.py");
+    let (lines, mut w, _) = connect(&socket).await;
+    send(
+        &mut w,
+        &ToSupervisor::Run {
+            id: 7,
+            argv: vec![
+                "python3".into(),
+                intruder.into(),
+                socket.display().to_string(),
+                connected.display().to_string(),
+                pwned.display().to_string(),
+            ],
+            env: vec![],
+            cwd: None,
+            timeout_seconds: 60,
+        },
+    )
+    .await;
+    // The worker goes away (a restart) and comes back only once the
+    // intruder's connection is in: the supervisor has nobody else to serve.
+    drop((lines, w));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !connected.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "the intruder never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (mut lines, _w, hello) = connect(&socket).await;
+    let (out, _, exited) = collect(&mut lines, 7).await;
+    assert_eq!(String::from_utf8_lossy(&out), "refused\n", "the intruder was not served");
+    assert!(matches!(exited, FromSupervisor::Exited { exit_code: Some(0), .. }));
+    assert_eq!(hello.known, vec![7], "the intruder's command was never accepted");
+    assert!(!pwned.exists(), "the intruder's command never ran");
+}
+
 /// Pids of live (not zombie) processes whose command line holds `token`.
 fn processes_with(token: &str) -> Vec<i32> {
     let mut found = Vec::new();
