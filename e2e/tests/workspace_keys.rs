@@ -210,7 +210,9 @@ async fn after_the_end_the_volume_opens_with_no_key_the_system_still_has() {
         std::process::Command::new("cryptsetup").arg("--version").output().is_ok_and(|o| o.status.success());
     let loops = std::path::Path::new("/dev/loop-control").exists();
     if !root || !cryptsetup || !loops {
-        eprintln!("skipped: needs root, loop devices and cryptsetup; root={root} loop-control={loops} cryptsetup={cryptsetup}");
+        eprintln!(
+            "skipped: needs root, loop devices and cryptsetup; root={root} loop-control={loops} cryptsetup={cryptsetup}"
+        );
         return;
     }
     let stack = shared_stack();
