@@ -781,3 +781,83 @@ async fn every_route_answers_with_the_contracts_codes() {
     let (status, _) = gw.call("DELETE", &base, Some(&owner), None, &[]).await;
     assert_eq!(status, 405, "a route with another method");
 }
+
+/// The lifecycle routes and the member-only ones through both kinds of
+/// caller: what each kind may do succeeds with the contract's code, and
+/// the other kind is refused with its own (a session token on a member
+/// route: 403 `token_scope_forbidden`; a member on a `sandbox-session`
+/// route: 401 `token_invalid`), the session unchanged by the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_and_member_routes_answer_each_kind_of_caller() {
+    let stack = shared_stack();
+    let ns = "routes-both";
+    let client = stack.cp.client().await.unwrap();
+    sessions::ensure_namespace(&client, ns).await;
+    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    let gw = stack.gateway_client();
+    let owner = member_token(&stack.cp, ns, "owner", "get,list,create,patch");
+    for name in ["a", "b", "c", "d"] {
+        boxes.create(&PostParams::default(), &sessions::sandbox(name, "commands", json!({}))).await.unwrap();
+    }
+    let mut ids = BTreeMap::new();
+    for name in ["a", "b", "c", "d"] {
+        let s = sessions::wait_phase(stack, &boxes, name, Phase::Running).await;
+        let sid = s.uid().unwrap();
+        gw.wait_known(&sid, &owner).await;
+        ids.insert(name, sid);
+    }
+    let (a, b, c, d) = (&ids["a"], &ids["b"], &ids["c"], &ids["d"]);
+    let pilot_a = mint_token(&gw, &owner, a, "pilot-a", &["control", "read"], 600).await;
+    let pilot_b = mint_token(&gw, &owner, b, "pilot-b", &["control"], 600).await;
+    let pilot_c = mint_token(&gw, &owner, c, "pilot-c", &["control"], 600).await;
+    let spec_of = |s: &Sandbox| serde_json::to_value(&s.spec).unwrap();
+
+    // Member-only routes refuse a session token, even one of scope control.
+    let before = spec_of(&boxes.get("a").await.unwrap());
+    let (status, v) = gw.as_token(&pilot_a, "GET", "/v1/sandbox-templates", None).await;
+    assert_eq!((status, code(&v)), (403, "token_scope_forbidden"), "templates as a token: {v}");
+    let live = json!({"kind": "live_state"});
+    let (status, v) = gw.as_token(&pilot_a, "POST", &format!("/v1/sandboxes/{a}/snapshots"), Some(&live)).await;
+    assert_eq!((status, code(&v)), (403, "token_scope_forbidden"), "snapshot as a token: {v}");
+    // A member on the session-token routes: they name no session, so
+    // only a session token says which.
+    for route in ["pause", "resume", "stop", "revoke-all"] {
+        let (status, v) = gw.call("POST", &format!("/v1/sandbox-session/{route}"), Some(&owner), None, &[]).await;
+        assert_eq!((status, code(&v)), (401, "token_invalid"), "sandbox-session/{route} as a member: {v}");
+    }
+    assert_eq!(spec_of(&boxes.get("a").await.unwrap()), before, "no refusal changed session a");
+
+    // Pause by a control token on the member route, resume by the member.
+    let (status, v) = gw.as_token(&pilot_a, "POST", &format!("/v1/sandboxes/{a}/pause"), None).await;
+    assert_eq!(status, 202, "pause with a control token: {v}");
+    sessions::wait_phase(stack, &boxes, "a", Phase::Paused).await;
+    let (status, v) = gw.as_token(&pilot_a, "POST", "/v1/sandbox-session/pause", None).await;
+    assert_eq!((status, code(&v)), (409, "sandbox_not_running"), "paused already: {v}");
+    let (status, v) = gw.call("POST", &format!("/v1/sandboxes/{a}/resume"), Some(&owner), None, &[]).await;
+    assert_eq!(status, 202, "resume by the member: {v}");
+    sessions::wait_phase(stack, &boxes, "a", Phase::Running).await;
+
+    // Each way to end a session: stop by the member, revoke-all by a
+    // control token on either route.
+    let (status, v) = gw.call("POST", &format!("/v1/sandboxes/{a}/stop"), Some(&owner), None, &[]).await;
+    assert_eq!(status, 202, "stop by the member: {v}");
+    let (status, v) = gw.as_token(&pilot_b, "POST", &format!("/v1/sandboxes/{b}/revoke-all"), None).await;
+    assert_eq!(status, 202, "revoke-all with a control token: {v}");
+    let (status, v) = gw.as_token(&pilot_c, "POST", "/v1/sandbox-session/revoke-all", None).await;
+    assert_eq!(status, 202, "sandbox-session/revoke-all: {v}");
+    let (status, v) = gw.as_token(&pilot_b, "POST", &format!("/v1/sandboxes/{d}/stop"), None).await;
+    assert_eq!(status, 403, "a control token of another session: {v}");
+    for (name, reason) in [("a", "cancelled"), ("b", "revoke_all"), ("c", "revoke_all")] {
+        let ended = sessions::wait_phase(stack, &boxes, name, Phase::Ended).await;
+        let got = ended.status.and_then(|s| s.stop_reason).unwrap_or_default();
+        assert!(got.starts_with(reason), "{name} ended by {reason}, not {got}");
+    }
+    let d_now = boxes.get("d").await.unwrap();
+    assert_eq!(sessions::phase(&d_now), Some(Phase::Running), "session d untouched");
+    // After the end every token is revoked, pilot-a too: its own routes
+    // answer 401, the member's 409.
+    let (status, v) = gw.as_token(&pilot_a, "POST", "/v1/sandbox-session/stop", None).await;
+    assert_eq!((status, code(&v)), (401, "token_invalid"), "a token after its session ended: {v}");
+    let (status, v) = gw.call("POST", &format!("/v1/sandboxes/{a}/stop"), Some(&owner), None, &[]).await;
+    assert_eq!((status, code(&v)), (409, "sandbox_ended"), "{v}");
+}
