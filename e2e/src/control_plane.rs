@@ -93,7 +93,11 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", pki.service_account_key.display()),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
+            // Node + NodeRestriction, as on EKS: a kubelet may edit only its
+            // own Node, and never its taints or node-restriction labels
+            // (where the operator writes the session binding).
+            "--authorization-mode=Node,RBAC".to_owned(),
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
             // The apiserver presents a client certificate to the admission
             // webhook, which accepts no other client.
             format!("--admission-control-config-file={}", admission_config.display()),

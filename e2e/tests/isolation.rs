@@ -721,3 +721,75 @@ async fn a_process_in_the_sandbox_cannot_speak_for_the_worker() {
     let log = std::fs::read_to_string(stack.cp.dir().join(format!("supervisor-{node}.log"))).unwrap_or_default();
     assert!(log.contains("refused a connection from pid"), "the supervisor says whom it refused");
 }
+
+/// A compromised node holds its kubelet's credentials, which may edit its
+/// own Node: it points `hangar.dev/session` at another session and
+/// restarts its worker, hoping to be handed that session. The binding the
+/// worker trusts is where a kubelet cannot write (NodeRestriction refuses
+/// it the `node-restriction.kubernetes.io` labels and its taints), so the
+/// restarted worker serves its own session still, and the other session
+/// runs on untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_cannot_rebind_its_node_to_another_session() {
+    use hangar_crds::worker_identity::{BINDING_NAMESPACE_LABEL, BINDING_SESSION_LABEL, SESSION_TAINT};
+    use k8s_openapi::api::core::v1::Node;
+    let stack = shared_stack();
+    let (ns_a, ns_b) = ("iso-kubelet-a", "iso-kubelet-b");
+    let (_, api_a, a) = sessions::running_box(stack, ns_a).await;
+    let (boxes_b, api_b, b) = sessions::running_box(stack, ns_b).await;
+    let node = a.status.as_ref().and_then(|s| s.node_name.clone()).expect("node");
+    let kubelet = stack.cp.client_impersonating(&format!("system:node:{node}"), &["system:nodes"]).await.unwrap();
+    let nodes: Api<Node> = Api::all(kubelet);
+    let admin_nodes: Api<Node> = Api::all(stack.cp.client().await.unwrap());
+    let before = admin_nodes.get(&node).await.unwrap();
+    let b_before = boxes_b.get("box").await.unwrap();
+
+    // What NodeRestriction refuses the kubelet: the binding and the taint.
+    let kubelet_refused = |case: &str, r: Result<Node, kube::Error>, says: &str| match r {
+        Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(says) => {}
+        other => panic!("{case}: expected NodeRestriction's refusal ({says}), got {other:?}"),
+    };
+    // (Both sessions are named `box`: the namespace is what would move it.)
+    for (label, value) in [(BINDING_NAMESPACE_LABEL, ns_b), (BINDING_SESSION_LABEL, "another-box")] {
+        let patch = json!({"metadata": {"labels": {label: value}}});
+        let r = nodes.patch(&node, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        kubelet_refused(&format!("rebind {label}"), r, "is not allowed to modify labels");
+    }
+    let b_id = b.uid().unwrap();
+    let retaint = json!({"spec": {"taints": [{"key": SESSION_TAINT, "value": b_id, "effect": "NoSchedule"}]}});
+    let r = nodes.patch(&node, &PatchParams::default(), &Patch::Merge(&retaint)).await;
+    kubelet_refused("retaint for session b", r, "is not allowed to modify taints");
+    let untaint = json!({"spec": {"taints": []}});
+    let r = nodes.patch(&node, &PatchParams::default(), &Patch::Merge(&untaint)).await;
+    kubelet_refused("drop the session taint", r, "is not allowed to modify taints");
+    // Another node's object is not the kubelet's to touch at all.
+    let b_node = b.status.as_ref().and_then(|s| s.node_name.clone()).expect("node b");
+    let other = json!({"metadata": {"labels": {"x": "y"}}});
+    let r = nodes.patch(&b_node, &PatchParams::default(), &Patch::Merge(&other)).await;
+    refused("the kubelet patches another node", r, 403);
+    let now = admin_nodes.get(&node).await.unwrap();
+    assert_eq!(now.labels(), before.labels(), "nothing refused changed the node");
+    assert_eq!(now.spec.as_ref().map(|s| &s.taints), before.spec.as_ref().map(|s| &s.taints));
+
+    // What it may do: edit the selector labels. Then its worker restarts.
+    let relabel = json!({"metadata": {"labels": {"hangar.dev/session": "box", "hangar.dev/session-namespace": ns_b}}});
+    nodes.patch(&node, &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("a kubelet may edit these");
+    let pid = stack.sim.pid(&node, "worker").expect("worker pid");
+    // SAFETY: the simulated node's worker, started by this test's stack.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    // The new worker serves session a: it runs a's next command.
+    cmds::create(&api_a, &sh("after-restart", "box", "echo still-a")).await;
+    wait_command_phase(stack, &api_a, "after-restart", CommandPhase::Exited).await;
+    assert_ne!(stack.sim.pid(&node, "worker"), Some(pid), "a new worker ran it");
+    let log = std::fs::read_to_string(stack.cp.dir().join(format!("worker-{node}.log"))).unwrap_or_default();
+    let served: Vec<&str> = log.lines().filter(|l| l.contains("serving session")).collect();
+    assert!(served.len() >= 2, "the worker started twice: {served:?}");
+    assert!(served.iter().all(|l| l.contains(ns_a) && !l.contains(ns_b)), "only session a, ever: {served:?}");
+    // Session b is as it was, and runs its own commands on its own node.
+    cmds::create(&api_b, &sh("b-runs", "box", "true")).await;
+    let c = wait_command_phase(stack, &api_b, "b-runs", CommandPhase::Exited).await;
+    assert_eq!(c.status.as_ref().and_then(|s| s.node_name.clone()), Some(b_node), "b's command ran on b's node");
+    let b_after = boxes_b.get("box").await.unwrap();
+    assert_eq!(b_after.spec, b_before.spec);
+    assert_eq!(b_after.status.as_ref().and_then(|s| s.node_name.clone()), b_before.status.and_then(|s| s.node_name));
+}

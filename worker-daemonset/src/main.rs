@@ -35,8 +35,6 @@ use tokio::sync::watch;
 /// In `HANGAR_WORKSPACE_DEVICE`: the session's volume id, dash removed
 /// (`/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{volume}`).
 const VOLUME_PLACEHOLDER: &str = "{volume}";
-const SESSION_LABEL: &str = "hangar.dev/session";
-const SESSION_NAMESPACE_LABEL: &str = "hangar.dev/session-namespace";
 
 #[derive(Debug, thiserror::Error)]
 enum Error {
@@ -48,6 +46,8 @@ enum Error {
     Key(#[from] workspace_key::KeyFetchError),
     #[error("the session's Sandbox has no uid, or no volume yet")]
     NoSessionId,
+    #[error("the Sandbox is not the session the node's taint names (a new session of the same name)")]
+    NotTheTaintsSession,
     #[error("the apiserver issued no token for the node's account")]
     NoToken,
     #[error("environment variable {0} is not set")]
@@ -132,15 +132,25 @@ async fn main() -> ExitCode {
 /// Waits until the operator has labelled this node for a session.
 /// Waits until the operator has labelled this node for a session: the
 /// session's namespace and name, and the node's uid.
-async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, String, String), Error> {
+/// The session the operator bound this node to, from where its kubelet
+/// cannot write (`hangar_crds::worker_identity`): the restricted labels
+/// give its namespace and name, the taint its id. Returns (namespace,
+/// name, session id, the Node's uid).
+async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, String, String, String), Error> {
+    use hangar_crds::worker_identity::{BINDING_NAMESPACE_LABEL, BINDING_SESSION_LABEL, SESSION_TAINT};
     let nodes: Api<Node> = Api::all(client.clone());
     let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     let mut stream = watcher(nodes, cfg).default_backoff().applied_objects().boxed();
     while let Some(node) = stream.next().await {
         let Ok(node) = node else { continue };
         let labels = node.labels();
-        if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
-            return Ok((ns.clone(), name.clone(), node.uid().unwrap_or_default()));
+        let taint = node.spec.as_ref().and_then(|s| s.taints.as_ref()).and_then(|t| {
+            t.iter().find(|t| t.key == SESSION_TAINT && t.effect == "NoSchedule").and_then(|t| t.value.clone())
+        });
+        if let (Some(name), Some(ns), Some(session_id)) =
+            (labels.get(BINDING_SESSION_LABEL), labels.get(BINDING_NAMESPACE_LABEL), taint)
+        {
+            return Ok((ns.clone(), name.clone(), session_id, node.uid().unwrap_or_default()));
         }
     }
     Err(Error::NodeWatchEnded(node_name.to_owned()))
@@ -186,8 +196,8 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     let mut registry = Registry::with_prefix("hangar_worker");
     metrics.register(&mut registry);
     let readiness = admin::start(&config.admin_listen, registry, Default::default()).await.map_err(Error::Admin)?;
-    let (ns, name, node_uid) = session_of_node(&client, &config.node_name).await?;
-    tracing::info!(node = %config.node_name, %ns, sandbox = %name, "serving session");
+    let (ns, name, bound_id, node_uid) = session_of_node(&client, &config.node_name).await?;
+    tracing::info!(node = %config.node_name, %ns, sandbox = %name, session_id = %bound_id, "serving session");
     let session = session_client(&base, &client, &config, &node_uid).await?;
     readiness.set_ready();
     let sandboxes: Api<Sandbox> = Api::namespaced(session.clone(), &ns);
@@ -199,6 +209,7 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
         let s = sandboxes.get(&name).await?;
         let volume = s.status.as_ref().and_then(|st| st.volume_id.clone());
         match (s.metadata.uid, volume) {
+            (Some(uid), _) if uid != bound_id => Err(Error::NotTheTaintsSession),
             (Some(uid), volume) if volume.is_some() || !device_by_volume => Ok((uid, volume)),
             _ => Err(Error::NoSessionId),
         }

@@ -19,7 +19,7 @@ use tracing::warn;
 use super::reconcile;
 use crate::context::Context;
 use crate::error::Error;
-use crate::node::labels::{SESSION_LABEL, SESSION_NAMESPACE_LABEL, instance_of_provider_id};
+use crate::node::labels::{BINDING_NAMESPACE_LABEL, BINDING_SESSION_LABEL, SESSION_LABEL, instance_of_provider_id};
 
 /// Runs the controller until the process is asked to stop.
 pub async fn run(
@@ -69,7 +69,8 @@ pub async fn run(
         .watches_stream(nodes, move |node: Node| {
             let labels = node.labels();
             let target =
-                if let (Some(name), Some(ns)) = (labels.get(SESSION_LABEL), labels.get(SESSION_NAMESPACE_LABEL)) {
+                // The binding a kubelet cannot edit, not `hangar.dev/session`.
+                if let (Some(name), Some(ns)) = (labels.get(BINDING_SESSION_LABEL), labels.get(BINDING_NAMESPACE_LABEL)) {
                     ObjectRef::new(name).within(ns)
                 } else {
                     // A node that just registered carries no session labels yet:

@@ -9,7 +9,7 @@ use crate::settings::shape_of;
 
 pub const SESSION_LABEL: &str = "hangar.dev/session";
 pub const SESSION_NAMESPACE_LABEL: &str = "hangar.dev/session-namespace";
-pub const SESSION_TAINT: &str = "hangar.dev/session";
+pub use hangar_crds::worker_identity::{BINDING_NAMESPACE_LABEL, BINDING_SESSION_LABEL, SESSION_TAINT};
 pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 
 /// The facts a node's labels are made from.
@@ -45,6 +45,9 @@ pub fn labels(f: &NodeFacts) -> BTreeMap<String, String> {
     }
     put(SESSION_LABEL, f.session_name.into());
     put(SESSION_NAMESPACE_LABEL, f.session_namespace.into());
+    // The binding the worker trusts: labels its kubelet cannot change.
+    put(BINDING_SESSION_LABEL, f.session_name.into());
+    put(BINDING_NAMESPACE_LABEL, f.session_namespace.into());
     l
 }
 
@@ -86,6 +89,9 @@ mod tests {
         assert_eq!(l["karpenter.k8s.aws/instance-cpu"], "2");
         assert_eq!(l["karpenter.k8s.aws/instance-memory"], "8192");
         assert_eq!(l["hangar.dev/session"], "dev-box");
+        // The binding is also where a kubelet cannot write it.
+        assert_eq!(l["hangar.node-restriction.kubernetes.io/session"], "dev-box");
+        assert_eq!(l["hangar.node-restriction.kubernetes.io/session-namespace"], "team-a");
         assert!(!l.contains_key("karpenter.sh/nodepool"));
         assert!(l.keys().all(|k| !k.starts_with("karpenter.sh/") || k == "karpenter.sh/capacity-type"));
         assert_eq!(annotations()["karpenter.sh/do-not-disrupt"], "true");
