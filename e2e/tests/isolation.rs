@@ -638,9 +638,13 @@ async fn no_foreign_pod_and_no_impostor_node_reaches_a_session() {
     let node = victim_box.status.as_ref().unwrap().node_name.clone().unwrap();
     ensure_namespace(&admin, "iso-pinner").await;
     let tenant = stack.cp.client_as(&member_token(&stack.cp, "iso-pinner", "pinner", "")).await.unwrap();
-    // The tenant may create Pods in its namespace…
-    let grant = ["create", "role", "pods", "-n", "iso-pinner", "--verb=create", "--resource=pods"];
-    stack.cp.kubectl().args(grant).output().unwrap();
+    // The tenant may create Pods in its namespace, and bind them…
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "pods"},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/binding"], "verbs": ["create"]}],
+    }))
+    .unwrap();
+    Api::namespaced(admin.clone(), "iso-pinner").create(&PostParams::default(), &role).await.unwrap();
     let bind =
         ["create", "rolebinding", "pods", "-n", "iso-pinner", "--role=pods", "--serviceaccount=iso-pinner:pinner"];
     stack.cp.kubectl().args(bind).output().unwrap();
@@ -657,7 +661,21 @@ async fn no_foreign_pod_and_no_impostor_node_reaches_a_session() {
     policy("a Pod tolerating the session taint", pods.create(&PostParams::default(), &pod(tolerating)).await);
     let everything = json!({"tolerations": [{"operator": "Exists"}]});
     policy("a Pod tolerating every taint", pods.create(&PostParams::default(), &pod(everything)).await);
-    assert!(pods.create(&PostParams::default(), &pod(json!({}))).await.is_ok(), "an ordinary Pod is still created");
+    let ordinary =
+        pods.create(&PostParams::default(), &pod(json!({}))).await.expect("an ordinary Pod is still created");
+    // A binding sets the node after creation, skipping the taint as
+    // spec.nodeName would: only the scheduler may bind here.
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": ordinary.name_any()},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    let bound: Result<Value, _> =
+        pods.create_subresource("binding", &ordinary.name_any(), &PostParams::default(), &binding).await;
+    policy("an ordinary Pod bound to a session node (pods/binding)", bound);
+    let admin_pods: Api<Pod> = Api::namespaced(admin.clone(), "iso-pinner");
+    let after = admin_pods.get(&ordinary.name_any()).await.unwrap();
+    assert_eq!(after.spec.and_then(|s| s.node_name), None, "the Pod is on no node");
 
     // A Node (as a compromised kubelet could register) claiming the
     // session's instance does not become the session's node.
