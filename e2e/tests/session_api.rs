@@ -592,6 +592,39 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
     assert_eq!((status, code(&refused)), (403, "token_scope_forbidden"), "read after the end sends nothing");
     let (status, refused) = gw.as_token(&control, "POST", "/v1/sandbox-session/resume", None).await;
     assert_eq!((status, code(&refused)), (401, "token_invalid"), "control after the end");
+    // Anything else the reader tries after the end is refused, through the
+    // gateway and as its own identity through the API, and changes nothing.
+    let before_end = snapshot(&client, ns).await;
+    let (status, listed) = gw.as_token(&reader, "GET", &cmd_path, None).await;
+    assert_eq!(status, 200, "the reader lists commands after the end: {listed}");
+    let reader_acts = [
+        ("POST", format!("{cmd_path}/{sent_name}/cancel")),
+        ("POST", format!("{base}/pause")),
+        ("POST", format!("{base}/resume")),
+        ("POST", format!("{base}/stop")),
+        ("POST", format!("{base}/revoke-all")),
+        ("POST", "/v1/sandbox-session/pause".to_owned()),
+        ("POST", "/v1/sandbox-session/resume".to_owned()),
+        ("POST", "/v1/sandbox-session/stop".to_owned()),
+        ("POST", "/v1/sandbox-session/revoke-all".to_owned()),
+        ("POST", format!("{base}/tokens")),
+        ("DELETE", format!("{base}/tokens/runner")),
+    ];
+    for (method, path) in &reader_acts {
+        let (status, v) = gw.as_token(&reader, method, path, Some(&json!({}))).await;
+        assert_eq!((status, code(&v)), (403, "token_scope_forbidden"), "reader after the end: {method} {path}: {v}");
+    }
+    let (ok, why) = patch_as_token(stack, ns, "reader", "sandbox", "box", json!({"spec": {"state": "Running"}})).await;
+    assert!(!ok, "the reader's identity revives the session through the API: {why}");
+    let (ok, why) = kubectl_apply_as_token(
+        stack,
+        ns,
+        "reader",
+        &json!({"apiVersion": "hangar.dev/v1alpha1", "kind": "Command",
+            "metadata": {"name": "late"}, "spec": {"sandbox": "box", "argv": ["true"]}}),
+    );
+    assert!(!ok, "the reader's identity sends a command through the API: {why}");
+    assert_eq!(snapshot(&client, ns).await, before_end, "nothing the reader tried changed anything");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
