@@ -637,6 +637,8 @@ async fn a_tokens_end_cancels_the_commands_it_queued_and_its_running_one_finishe
     let owner = member_token(&stack.cp, ns, "owner", "get,list,create,patch");
     gw.wait_known(&sid, &owner).await;
     let exec = mint_token(&gw, &owner, &sid, "runner", &["exec", "read"], 600).await;
+    // Lives the shortest a token may (60 s): its end is its expiry.
+    let brief = mint_token(&gw, &owner, &sid, "brief", &["exec"], 60).await;
     let base = format!("/v1/sandboxes/{sid}");
 
     // Running when the token ends: runs on to its end.
@@ -662,7 +664,10 @@ async fn a_tokens_end_cancels_the_commands_it_queued_and_its_running_one_finishe
         assert_eq!(status, 201, "{c}");
         queued.push(c["id"].as_str().unwrap().to_owned());
     }
-    for q in &queued {
+    let (status, c) = gw.as_token(&brief, "POST", &format!("{base}/commands"), Some(&json!({"argv": ["true"]}))).await;
+    assert_eq!(status, 201, "{c}");
+    let by_brief = c["id"].as_str().unwrap().to_owned();
+    for q in queued.iter().chain([&by_brief]) {
         wait_command(&commands, q, "queued", |c| command_phase(c) == Some(CommandPhase::Queued)).await;
     }
     // A member's queued command is not the token's: it runs after resume.
@@ -689,6 +694,17 @@ async fn a_tokens_end_cancels_the_commands_it_queued_and_its_running_one_finishe
         let c = wait_command(&commands, q, "cancelled", |c| command_phase(c) == Some(CommandPhase::Cancelled)).await;
         assert_eq!(c.status.unwrap().reason.as_deref(), Some("the session token that sent it ended before it ran"));
     }
+    // The brief token expires while the session is paused: its queued
+    // command is cancelled as a revoked token's is.
+    let c = wait_command(&commands, &by_brief, "cancelled at its token's expiry", |c| {
+        command_phase(c) == Some(CommandPhase::Cancelled)
+    })
+    .await;
+    assert_eq!(c.status.unwrap().reason.as_deref(), Some("the session token that sent it ended before it ran"));
+    let tokens: Api<SessionToken> = Api::namespaced(stack.cp.client().await.unwrap(), ns);
+    let brief_now = tokens.get("brief").await.unwrap().status.unwrap();
+    assert_eq!(brief_now.phase, Some(TokenPhase::Expired), "it ended by expiry, not revocation");
+    let queued: Vec<String> = queued.into_iter().chain([by_brief]).collect();
     // A control token resumes through the session's own route.
     let pilot = mint_token(&gw, &owner, &sid, "pilot", &["control"], 600).await;
     let (status, resumed) = gw.as_token(&pilot, "POST", &format!("{base}/resume"), None).await;
