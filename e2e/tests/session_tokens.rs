@@ -104,3 +104,86 @@ async fn a_token_is_minted_once_kept_as_a_digest_and_revoked_for_good() {
     assert_eq!(runner.status.unwrap().reason.as_deref(), Some("session_ended"));
     assert_eq!(phase(&api.get("reader").await.unwrap()), Some(TokenPhase::Active), "a read token reads on");
 }
+
+/// `kubectl` with `args` against the stack: (succeeded, stderr).
+fn kubectl(stack: &hangar_e2e::LocalStack, args: &[&str]) -> (bool, String) {
+    let out = stack.cp.kubectl().args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The GitOps path: a token applied from a manifest, revoked, then the old
+/// manifest applied again (as Argo CD or Flux would on a resync): it stays
+/// revoked with its digest; `revoked: false` in a manifest is refused;
+/// deleting it and applying the manifest makes a new token, never the old
+/// one. And the 33rd active token of a session is refused at `apply`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reapplied_manifest_never_brings_a_revoked_token_back() {
+    let stack = shared_stack();
+    let ns = "tokens-apply";
+    sessions::running_box(stack, ns).await;
+    let api: Api<SessionToken> = Api::namespaced(stack.cp.client().await.unwrap(), ns);
+    let dir = stack.cp.dir().join("tokens-apply");
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = |name: &str, revoked: Option<bool>| {
+        let mut t = serde_json::to_value(token(name, "box", &["read"])).unwrap();
+        match revoked {
+            Some(r) => t["spec"]["revoked"] = json!(r),
+            None => drop(t["spec"].as_object_mut().unwrap().remove("revoked")),
+        }
+        let path = dir.join(format!("{name}-{revoked:?}.json"));
+        std::fs::write(&path, t.to_string()).unwrap();
+        path.display().to_string()
+    };
+    let original = manifest("gitops", None);
+    let (ok, err) = kubectl(stack, &["apply", "-n", ns, "-f", &original]);
+    assert!(ok, "{err}");
+    let active = wait_token(&api, "gitops", "active", |t| phase(t) == Some(TokenPhase::Active)).await;
+    let digest = active.status.unwrap().digest.unwrap();
+    // Revoked out of band (`kubectl patch`, or the gateway): the old
+    // manifest applies as a no-op, since it says nothing of `revoked`.
+    let (ok, err) = kubectl(
+        stack,
+        &[
+            "patch",
+            "sessiontokens.hangar.dev",
+            "gitops",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"revoked":true}}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    wait_token(&api, "gitops", "revoked", |t| phase(t) == Some(TokenPhase::Revoked)).await;
+    let (ok, err) = kubectl(stack, &["apply", "-n", ns, "-f", &original]);
+    assert!(ok, "the old manifest applies: {err}");
+    // Revoked by apply: the old manifest would now drop the field (kubectl
+    // removes what the last apply set), which is refused; so is `false`.
+    let (ok, err) = kubectl(stack, &["apply", "-n", ns, "-f", &manifest("gitops", Some(true))]);
+    assert!(ok, "revoking by apply: {err}");
+    for back in [original.clone(), manifest("gitops", Some(false))] {
+        let (ok, err) = kubectl(stack, &["apply", "-n", ns, "-f", &back]);
+        assert!(!ok && err.contains("revoked is final"), "un-revoking by apply is refused: {err}");
+    }
+    let now = api.get("gitops").await.unwrap();
+    assert!(now.spec.revoked, "still revoked in spec");
+    let st = now.status.unwrap();
+    assert_eq!((st.phase, st.digest.as_deref()), (Some(TokenPhase::Revoked), Some(digest.as_str())));
+
+    // Deleted and applied again: a new token, a new plaintext.
+    let (ok, err) = kubectl(stack, &["delete", "sessiontokens.hangar.dev", "gitops", "-n", ns, "--wait"]);
+    assert!(ok, "{err}");
+    let (ok, err) = kubectl(stack, &["apply", "-n", ns, "-f", &original]);
+    assert!(ok, "{err}");
+    let again = wait_token(&api, "gitops", "active", |t| phase(t) == Some(TokenPhase::Active)).await;
+    assert_ne!(again.status.unwrap().digest.unwrap(), digest, "the old plaintext is not the new token's");
+
+    // The session's 32 active tokens: gitops and 31 more; the 33rd is refused.
+    for i in 1..32 {
+        api.create(&PostParams::default(), &token(&format!("t{i}"), "box", &["read"])).await.unwrap();
+    }
+    let (ok, err) = kubectl(stack, &["apply", "-n", ns, "-f", &manifest("one-too-many", None)]);
+    assert!(!ok && err.contains("sandbox_token_limit"), "the 33rd: {err}");
+    assert!(api.get_opt("one-too-many").await.unwrap().is_none(), "not created");
+}
