@@ -27,6 +27,9 @@ pub struct Metrics {
     pub watched_instances: Gauge,
     /// Image preflights run (a cached result runs none).
     pub image_preflight_checks: Counter,
+    /// Key Secrets found under a session's name that hangar did not make
+    /// (they do not open under the organisation key for that session).
+    pub foreign_key_secrets: Counter,
     /// Workspace key requests by result: `granted` or the refusal's reason.
     workspace_key_requests: Family<Vec<(String, String)>, Counter>,
     /// Key request received → key sent, for granted ones.
@@ -82,6 +85,7 @@ impl Default for Metrics {
             reconcile_errors: Counter::default(),
             watched_instances: Gauge::default(),
             image_preflight_checks: Counter::default(),
+            foreign_key_secrets: Counter::default(),
             workspace_key_requests: Family::default(),
             workspace_key_handover: Histogram::new(latency_buckets()),
             node_ready_to_running: Histogram::new(latency_buckets()),
@@ -104,6 +108,11 @@ impl Metrics {
             "image_preflight_checks",
             "Image preflights run against a registry (cached results run none)",
             self.image_preflight_checks.clone(),
+        );
+        registry.register(
+            "foreign_key_secrets",
+            "Session key Secrets hangar did not make, found and refused",
+            self.foreign_key_secrets.clone(),
         );
         registry.register(
             "workspace_key_requests",

@@ -54,7 +54,7 @@ pub async fn execute(
             ctx.preflights.start(&obs.images, kube::runtime::reflector::ObjectRef::from_obj(s.sandbox));
             Ok(())
         }
-        Action::EnsureKey => ensure_key(ctx, s.session_id).await,
+        Action::EnsureKey => ensure_key(ctx, s).await,
         Action::Launch => launch(ctx, s, &tags, status).await,
         Action::EnsureVolume => {
             let zone = obs.instance.as_ref().map(|i| i.zone.clone()).ok_or(Error::MissingField("instance zone"))?;
@@ -193,24 +193,40 @@ pub async fn execute(
     }
 }
 
-async fn ensure_key(ctx: &Context, session_id: &str) -> Result<()> {
+/// Makes the session's sealed key. One already there is used only if
+/// hangar made it (`keys::is_own_session_key`); anyone else's (a plaintext
+/// key, a forged retention deadline, another session's sealed key) is
+/// refused with a Warning Event and counted, and the session waits.
+async fn ensure_key(ctx: &Context, s: &Session<'_>) -> Result<()> {
+    let session_id = s.session_id;
+    let name = keys::secret_name(session_id);
     let sealed = ctx.org_key.seal(keys::new_session_key()?.as_slice(), session_id)?;
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(keys::secret_name(session_id)),
+            name: Some(name.clone()),
             namespace: Some(ctx.settings.system_namespace.clone()),
             labels: Some(BTreeMap::from([(output_keys::SESSION_ID_LABEL.to_owned(), session_id.to_owned())])),
             ..Default::default()
         },
         data: Some(BTreeMap::from([("sealed-key".to_owned(), ByteString(sealed))])),
-        type_: Some("hangar.dev/sealed-session-key".into()),
+        type_: Some(keys::SECRET_TYPE.into()),
         immutable: Some(true),
         ..Default::default()
     };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
     match secrets.create(&PostParams::default(), &secret).await {
-        Err(e) if !is_already_exists(&e) => Err(e.into()),
-        _ => Ok(()),
+        Ok(_) => Ok(()),
+        Err(e) if is_already_exists(&e) => {
+            let existing = secrets.get(&name).await?;
+            if keys::is_own_session_key(&existing, &ctx.org_key, session_id) {
+                return Ok(());
+            }
+            ctx.metrics.foreign_key_secrets.inc();
+            let note = format!("Secret {name} was not made by hangar for this session: refused; delete it to go on");
+            super::publish(ctx, s.sandbox, "ForeignKeySecret", &note, kube::runtime::events::EventType::Warning).await;
+            Err(Error::ForeignKeySecret(name))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -284,14 +300,16 @@ async fn prepare_node(ctx: &Context, s: &Session<'_>, obs: &Observation, status:
     let name = node.metadata.name.clone().unwrap_or_default();
     // Before the labels: the worker waits for them, then mints its token.
     crate::node::worker_account::grant(ctx, &name, s.namespace, s.session_id).await?;
-    let node_labels = labels::labels(&NodeFacts {
+    let facts = NodeFacts {
         session_name: s.name,
         session_namespace: s.namespace,
         session_id: s.session_id,
         instance_type: &instance.instance_type,
         zone: &instance.zone,
         region: &ctx.settings.aws_region,
-    });
+    };
+    let mut node_labels = labels::labels(&facts);
+    node_labels.extend(labels::binding_labels(&facts));
     let mut taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
     taints.retain(|t| t.key != SESSION_TAINT);
     taints.push(Taint {

@@ -45,10 +45,17 @@ pub fn labels(f: &NodeFacts) -> BTreeMap<String, String> {
     }
     put(SESSION_LABEL, f.session_name.into());
     put(SESSION_NAMESPACE_LABEL, f.session_namespace.into());
-    // The binding the worker trusts: labels its kubelet cannot change.
-    put(BINDING_SESSION_LABEL, f.session_name.into());
-    put(BINDING_NAMESPACE_LABEL, f.session_namespace.into());
     l
+}
+
+/// The binding the worker trusts: labels its kubelet cannot change. Never
+/// in the user data: NodeRestriction refuses a kubelet that registers with
+/// them, so the operator adds them when it prepares the node.
+pub fn binding_labels(f: &NodeFacts) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (BINDING_SESSION_LABEL.to_owned(), f.session_name.to_owned()),
+        (BINDING_NAMESPACE_LABEL.to_owned(), f.session_namespace.to_owned()),
+    ])
 }
 
 pub fn annotations() -> BTreeMap<String, String> {
@@ -89,9 +96,12 @@ mod tests {
         assert_eq!(l["karpenter.k8s.aws/instance-cpu"], "2");
         assert_eq!(l["karpenter.k8s.aws/instance-memory"], "8192");
         assert_eq!(l["hangar.dev/session"], "dev-box");
-        // The binding is also where a kubelet cannot write it.
-        assert_eq!(l["hangar.node-restriction.kubernetes.io/session"], "dev-box");
-        assert_eq!(l["hangar.node-restriction.kubernetes.io/session-namespace"], "team-a");
+        // The binding is where a kubelet cannot write it, and not among the
+        // labels a kubelet registers with.
+        assert!(l.keys().all(|k| !k.contains("node-restriction.kubernetes.io")));
+        let b = binding_labels(&facts());
+        assert_eq!(b["hangar.node-restriction.kubernetes.io/session"], "dev-box");
+        assert_eq!(b["hangar.node-restriction.kubernetes.io/session-namespace"], "team-a");
         assert!(!l.contains_key("karpenter.sh/nodepool"));
         assert!(l.keys().all(|k| !k.starts_with("karpenter.sh/") || k == "karpenter.sh/capacity-type"));
         assert_eq!(annotations()["karpenter.sh/do-not-disrupt"], "true");
