@@ -15,6 +15,7 @@ pub mod error;
 pub mod eventbridge;
 pub mod gateway;
 pub mod imds;
+pub mod metrics_text;
 pub mod moto;
 pub mod node_sim;
 pub mod operator;

@@ -184,8 +184,32 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A port that was free on 127.0.0.1 a moment ago.
+/// A port that was free on 127.0.0.1 a moment ago, for a server the
+/// harness starts next, which may bind it seconds later (after its own
+/// dependencies answer). It is taken below the kernel's ephemeral range:
+/// a port from that range (what binding port 0 gives) can meanwhile become
+/// the source port of any outgoing connection on the machine, and the
+/// server then fails with "address in use". Each call in a process gets
+/// another port; the start is spread by process id, so concurrent harness
+/// processes rarely try the same ones.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const FLOOR: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low > FLOOR + 1_000 {
+        let span = ephemeral_low - FLOOR;
+        let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+        for _ in 0..span {
+            let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let port = FLOOR + (start + i) % span;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind 127.0.0.1:0")
 }
 

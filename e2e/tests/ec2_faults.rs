@@ -74,12 +74,8 @@ async fn throttling_is_retried_then_capacity_falls_back_to_the_next_type() {
     let retried_ms = (calls[2].at - calls[0].at).as_millis();
     eprintln!("figure: first throttled RunInstances → third try: {retried_ms} ms");
     let metrics = f.operator().metrics();
-    let throttled: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("hangar_ec2_throttled_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(throttled >= 2, "throttles counted: {metrics}");
+    let throttled = hangar_e2e::metrics_text::value(&metrics, "hangar_ec2_throttled_total").unwrap_or(0.0);
+    assert!(throttled >= 2.0, "throttles counted: {metrics}");
     let ec2 = ec2_client(&f.moto.endpoint()).await;
     assert_eq!(session_instances(&ec2, &created.uid().unwrap()).await.len(), 1);
 }

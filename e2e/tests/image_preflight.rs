@@ -25,11 +25,8 @@ const NS: &str = "preflight";
 
 /// The operator's counter `metric` (summed over its labels).
 fn counter(stack: &LocalStack, metric: &str) -> f64 {
-    let text = stack.operator().metrics();
-    text.lines()
-        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    hangar_e2e::metrics_text::sum(&stack.operator().metrics(), metric)
+        .unwrap_or_else(|| panic!("{metric} is not exposed"))
 }
 
 fn image_with_layers(repository: &str, arch: &str, layers: Vec<Blob>) -> Image {
@@ -96,9 +93,9 @@ async fn images_are_checked_before_any_instance_starts() {
     let private_ref = private_image.reference().replace("registry.hangar.test", "private.hangar.test");
     let down_ref = format!("down.hangar.test/p/any@{}", sha256(b"unreachable"));
 
-    let mutating = counter(&stack, "hangar_ec2_mutating_calls");
-    let describe_other = counter(&stack, "hangar_ec2_describe_other_calls");
-    let checks_before = counter(&stack, "hangar_image_preflight_checks");
+    let mutating = counter(&stack, "hangar_ec2_mutating_calls_total");
+    let describe_other = counter(&stack, "hangar_ec2_describe_other_calls_total");
+    let checks_before = counter(&stack, "hangar_image_preflight_checks_total");
 
     // Refused, each with its code (422 class), before any instance.
     let refused = [
@@ -164,9 +161,13 @@ async fn images_are_checked_before_any_instance_starts() {
     assert_eq!(view["imagePreflight"]["code"], "preflight_architecture", "{view}");
 
     // No EC2 call for any of them: nothing launched, described or deleted.
-    assert_eq!(counter(&stack, "hangar_ec2_mutating_calls"), mutating, "mutating EC2 calls");
-    assert_eq!(counter(&stack, "hangar_ec2_describe_other_calls"), describe_other, "EC2 Describe* besides instances");
-    let checks_refused = counter(&stack, "hangar_image_preflight_checks");
+    assert_eq!(counter(&stack, "hangar_ec2_mutating_calls_total"), mutating, "mutating EC2 calls");
+    assert_eq!(
+        counter(&stack, "hangar_ec2_describe_other_calls_total"),
+        describe_other,
+        "EC2 Describe* besides instances"
+    );
+    let checks_refused = counter(&stack, "hangar_image_preflight_checks_total");
     assert!(checks_refused >= checks_before + 8.0, "each image read: {checks_before} → {checks_refused}");
 
     // Passed: a single arm64 image; an index, run on its arm64 entry; an
@@ -214,11 +215,11 @@ async fn images_are_checked_before_any_instance_starts() {
     assert_eq!(at.images[0].compressed_bytes as u64, 8 * GIB);
 
     // Cached by digest: another session of a checked image reads nothing.
-    let checks = counter(&stack, "hangar_image_preflight_checks");
+    let checks = counter(&stack, "hangar_image_preflight_checks_total");
     api.create(&PostParams::default(), &sessions::sandbox("arm64-again", "commands", json!({"image": arm64})))
         .await
         .unwrap();
     wait_for(&stack, &api, "arm64-again", "running", |s| phase(s) == Some(Phase::Running)).await;
-    assert_eq!(counter(&stack, "hangar_image_preflight_checks"), checks, "a cached result runs no check");
+    assert_eq!(counter(&stack, "hangar_image_preflight_checks_total"), checks, "a cached result runs no check");
     drop(private);
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use hangar_crds::Phase;
 use hangar_crds::Sandbox;
 use hangar_e2e::ec2::{client as ec2_client, session_instances};
+use hangar_e2e::metrics_text;
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
 use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
 use hangar_e2e::shared_stack;
@@ -34,14 +35,6 @@ fn key_secret(session_id: &str, type_: &str, data: Vec<u8>) -> Secret {
         s
     })
     .unwrap()
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +94,9 @@ async fn a_key_secret_hangar_did_not_make_is_never_trusted() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    assert!(metric(&stack.operator().metrics(), "hangar_foreign_key_secrets_total") >= 2.0);
+    assert!(
+        metrics_text::sum(&stack.operator().metrics(), "hangar_foreign_key_secrets_total").expect("exposed") >= 2.0
+    );
     for (name, sid) in [("plain", &plain), ("copied", &copied)] {
         assert!(
             session_instances(&ec2, sid).await.is_empty(),

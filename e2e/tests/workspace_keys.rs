@@ -28,9 +28,8 @@ use zeroize::Zeroizing;
 /// Requests of the operator's key service refused for `reason` (or
 /// granted: `"granted"`) so far.
 fn count(stack: &LocalStack, result: &str) -> u64 {
-    let metrics = stack.operator().metrics();
-    let needle = format!("hangar_workspace_key_requests_total{{result=\"{result}\"}} ");
-    metrics.lines().find_map(|l| l.strip_prefix(&needle)).map_or(0, |v| v.trim().parse().expect("a count"))
+    let series = format!("hangar_workspace_key_requests_total{{result=\"{result}\"}}");
+    hangar_e2e::metrics_text::value(&stack.operator().metrics(), &series).unwrap_or(0.0) as u64
 }
 
 async fn refused_for(stack: &LocalStack, kc: &KeyClient, body: &Value, reasons: &[&str]) {

@@ -51,7 +51,7 @@ fn main() {
 }
 
 fn counter(metrics: &str, name: &str) -> u64 {
-    metrics.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse().ok()).unwrap_or(0)
+    hangar_e2e::metrics_text::value(metrics, name).unwrap_or(0.0) as u64
 }
 
 fn samples(all: &serde_json::Value, name: &str) -> Vec<u64> {
