@@ -431,3 +431,61 @@ fn workers_reach_the_operators_workspace_key_service() {
     let args = serde_yaml::to_string(&op["containers"][0]["args"]).unwrap();
     assert!(!args.contains("workspace-key-listen"), "no key service without its certificate and TLS Secret");
 }
+
+/// With `webhook.certificate.source=cert-manager` the chart asks
+/// cert-manager for the serving certificate (a Certificate for the
+/// webhook Service's names, from the given issuer), mounts its Secret into
+/// the webhook, which reads the files (and reloads them:
+/// `runtime/tests/serving_cert_files.rs`), and has cert-manager inject the
+/// CA into every webhook of the configuration; the webhook then neither
+/// makes certificates nor writes the configuration. Without an issuer the
+/// chart refuses to render.
+#[test]
+fn cert_manager_issues_the_webhook_certificate_when_asked() {
+    let docs = render(&[
+        "--set",
+        "webhook.certificate.source=cert-manager",
+        "--set",
+        "webhook.certificate.issuerRef.name=platform-ca",
+        "--set",
+        "webhook.certificate.issuerRef.kind=ClusterIssuer",
+    ]);
+    let cert = find(&docs, "Certificate", "hangar-webhook", Some("hangar-system")).expect("a Certificate");
+    assert_eq!(cert["apiVersion"].as_str(), Some("cert-manager.io/v1"));
+    let spec = &cert["spec"];
+    assert_eq!(spec["secretName"].as_str(), Some("hangar-webhook-tls"));
+    assert_eq!(spec["issuerRef"]["name"].as_str(), Some("platform-ca"));
+    assert_eq!(spec["issuerRef"]["kind"].as_str(), Some("ClusterIssuer"));
+    let dns: Vec<&str> = spec["dnsNames"].as_sequence().unwrap().iter().filter_map(|d| d.as_str()).collect();
+    assert!(dns.contains(&"hangar-webhook.hangar-system.svc"), "{dns:?}");
+    assert_eq!(spec["renewBefore"].as_str(), Some("720h"), "renewed 30 days before its end");
+
+    let deploy = find(&docs, "Deployment", "hangar-webhook", None).expect("webhook Deployment");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let env = |name: &str| {
+        container["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(env("HANGAR_WEBHOOK_CERTIFICATE").and_then(|v| v.as_str().map(str::to_owned)).as_deref(), Some("files"));
+    let mount = container["volumeMounts"].as_sequence().unwrap().iter().find(|m| m["name"].as_str() == Some("tls"));
+    assert_eq!(mount.and_then(|m| m["readOnly"].as_bool()), Some(true), "the Secret mounted read-only");
+    let volume = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"].as_str() == Some("tls")).unwrap();
+    assert_eq!(volume["secret"]["secretName"].as_str(), Some("hangar-webhook-tls"));
+
+    let config = find(&docs, "ValidatingWebhookConfiguration", "hangar-webhook", None).expect("configuration");
+    assert_eq!(
+        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].as_str(),
+        Some("hangar-system/hangar-webhook"),
+        "cert-manager injects the CA"
+    );
+
+    let chart = chart();
+    let out = helm(&["template", "hangar", &chart, "--set", "webhook.certificate.source=cert-manager"]);
+    assert!(!out.status.success(), "no issuer, no render");
+    assert!(text(&out).contains("issuerRef.name is required"), "{}", text(&out));
+}
