@@ -4,8 +4,11 @@
 //!
 //! Attackers: a second tenant (a ServiceAccount with every right on the
 //! hangar kinds in its own namespace), a pod's ServiceAccount with no
-//! rights, any client on the network (the webhook's port), and a tenant
-//! against its own session's limits and numbering.
+//! rights, any client on the network (the webhook's port), a tenant
+//! against its own session's limits and numbering (as its own identity), a
+//! tenant that may create Pods or bindings, a compromised session node (its
+//! worker's token, its kubelet's identity), and code in the sandbox on the
+//! supervisor socket.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -237,8 +240,12 @@ fn number(c: &Command) -> i64 {
 async fn a_tenant_can_neither_stretch_nor_lock_its_sessions_limits() {
     let stack = shared_stack();
     let ns = "iso-limits";
-    let (_, api, s) = sessions::running_box(stack, ns).await;
+    let (_, _, s) = sessions::running_box(stack, ns).await;
     let sid = s.uid().unwrap();
+    // Everything below is the tenant's own doing: a member with every
+    // right on the hangar kinds in its namespace, deletes included.
+    let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch,delete");
+    let api: Api<Command> = Api::namespaced(stack.cp.client_as(&member).await.unwrap(), ns);
     let workspace = stack.sim.volume_dir(s.status.as_ref().unwrap().volume_id.as_ref().unwrap());
     let limit = |r: Result<Command, kube::Error>, case: &str| match r {
         Err(kube::Error::Api(e)) if e.code == 409 && e.message.contains("sandbox_command_limit") => {}
@@ -253,7 +260,6 @@ async fn a_tenant_can_neither_stretch_nor_lock_its_sessions_limits() {
         refused("create of an existing name", api.create(&PostParams::default(), &gated("g01")).await, 409);
     }
     let gw = stack.gateway_client();
-    let member = member_token(&stack.cp, ns, "dev", "get,list,create,patch");
     gw.wait_known(&sid, &member).await;
     let path = format!("/v1/sandboxes/{sid}/commands");
     let body = json!({"argv": ["sh", "-c", "while [ ! -e gate ]; do sleep 0.05; done"]});
@@ -313,7 +319,11 @@ async fn a_tenant_can_neither_stretch_nor_lock_its_sessions_limits() {
 async fn a_recreated_sandbox_never_sees_the_old_sessions_commands() {
     let stack = shared_stack();
     let ns = "iso-recreate";
-    let (boxes, api, old) = sessions::running_box(stack, ns).await;
+    let (_, _, old) = sessions::running_box(stack, ns).await;
+    // The tenant's own identity does the rest (the member below reads).
+    let owner = member_token(&stack.cp, ns, "owner", "get,list,create,patch,delete");
+    let tenant = stack.cp.client_as(&owner).await.unwrap();
+    let (boxes, api): (Api<Sandbox>, Api<Command>) = (Api::namespaced(tenant.clone(), ns), Api::namespaced(tenant, ns));
     cmds::create(&api, &sh("old", "box", "echo old-session")).await;
     let old_cmd = wait_command_phase(stack, &api, "old", CommandPhase::Exited).await;
     assert_eq!(old_cmd.status.as_ref().unwrap().sandbox_uid, old.uid());
@@ -353,12 +363,24 @@ async fn a_pod_under_the_agent_pods_name_is_neither_adopted_nor_deleted() {
     let client = stack.cp.client().await.unwrap();
     ensure_namespace(&client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    // A tenant of the namespace that may create Pods plants the decoy
+    // before the session starts.
+    let planter = member_token(&stack.cp, ns, "planter", "");
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "pods"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), ns).create(&PostParams::default(), &role).await.unwrap();
+    let bind = ["create", "rolebinding", "pods", "-n", ns, "--role=pods", &format!("--serviceaccount={ns}:planter")];
+    stack.cp.kubectl().args(bind).output().unwrap();
     let decoy: Pod = serde_json::from_value(json!({
         "metadata": {"name": "hangar-agent-box"},
         "spec": {"containers": [{"name": "c", "image": "registry.example/decoy@sha256:00"}]},
     }))
     .unwrap();
-    let decoy = pods.create(&PostParams::default(), &decoy).await.unwrap();
+    let as_planter: Api<Pod> = Api::namespaced(stack.cp.client_as(&planter).await.unwrap(), ns);
+    let decoy = as_planter.create(&PostParams::default(), &decoy).await.unwrap();
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
     boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
     // The operator says why the session waits...
