@@ -524,6 +524,17 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
         (forged.is_ok(), forged.err().map(|e| e.to_string()).unwrap_or_default()),
         "written once",
     ));
+    // And as the token's own identity: it may not write any status at all.
+    let as_token =
+        stack.cp.client_impersonating("hangar:token:tok-api:runner", &["hangar:session-tokens"]).await.unwrap();
+    let forged = Api::<Command>::namespaced(as_token, ns)
+        .patch_status(&sent_name, &PatchParams::default(), &Patch::Merge(json!({"status": {"sentBy": "pilot"}})))
+        .await;
+    kubectl_cases.push((
+        "forging sentBy as the token",
+        (forged.is_ok(), forged.err().map(|e| e.to_string()).unwrap_or_default()),
+        "forbidden",
+    ));
     let mut failed = Vec::new();
     for (what, (succeeded, err), want) in &kubectl_cases {
         if *succeeded || !err.contains(want) {
