@@ -195,8 +195,8 @@ pub async fn execute(
 
 /// Makes the session's sealed key. One already there is used only if
 /// hangar made it (`keys::is_own_session_key`); anyone else's (a plaintext
-/// key, a forged retention deadline, another session's sealed key) is
-/// refused with a Warning Event and counted, and the session waits.
+/// key, another session's sealed key copied over) is refused with a
+/// Warning Event and counted, and the session waits.
 async fn ensure_key(ctx: &Context, s: &Session<'_>) -> Result<()> {
     let session_id = s.session_id;
     let name = keys::secret_name(session_id);
