@@ -76,6 +76,18 @@ async fn a_token_is_minted_once_kept_as_a_digest_and_revoked_for_good() {
     assert!(secrets.get_opt(&secret_name).await.unwrap().is_none(), "the plaintext is gone");
     let back = api.patch("agent", &PatchParams::default(), &Patch::Merge(json!({"spec": {"revoked": false}}))).await;
     assert!(back.is_err(), "revoked: true is final");
+    // An operator restart (a new leader's first reconcile of every token)
+    // mints nothing again: still revoked, the same digest, no plaintext.
+    stack.operator().restart().unwrap();
+    stack.operator().wait_ready(sessions::DEADLINE).unwrap();
+    api.create(&PostParams::default(), &token("after-restart", "box", &["read"])).await.unwrap();
+    wait_token(&api, "after-restart", "active", |t| phase(t) == Some(TokenPhase::Active)).await;
+    let again = api.get("agent").await.unwrap().status.unwrap();
+    assert_eq!((again.phase, again.digest.as_deref()), (Some(TokenPhase::Revoked), Some(digest.as_str())));
+    assert!(
+        again.secret_name.is_none() && secrets.get_opt(&secret_name).await.unwrap().is_none(),
+        "no plaintext again"
+    );
     // Nor can a status write bring it back, or give it another digest.
     let revive = json!({"status": {"phase": "active"}});
     let err = api.patch_status("agent", &PatchParams::default(), &Patch::Merge(&revive)).await.unwrap_err();
