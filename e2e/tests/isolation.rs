@@ -356,6 +356,25 @@ async fn a_recreated_sandbox_never_sees_the_old_sessions_commands() {
     assert_eq!(api.get("old").await.unwrap().status, old_cmd.status);
 }
 
+/// Lets ServiceAccount `account` of `ns` create `resources` (core API
+/// group) there, as a namespace admin would grant a tenant.
+async fn may_create(admin: &kube::Client, ns: &str, account: &str, resources: &[&str]) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": format!("{account}-creates")},
+        "rules": [{"apiGroups": [""], "resources": resources, "verbs": ["create"]}],
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{account}-creates")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{account}-creates")},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), ns).create(&PostParams::default(), &role).await.unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), ns).create(&PostParams::default(), &binding).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_under_the_agent_pods_name_is_neither_adopted_nor_deleted() {
     let stack = shared_stack();
@@ -366,14 +385,7 @@ async fn a_pod_under_the_agent_pods_name_is_neither_adopted_nor_deleted() {
     // A tenant of the namespace that may create Pods plants the decoy
     // before the session starts.
     let planter = member_token(&stack.cp, ns, "planter", "");
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "pods"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
-    }))
-    .unwrap();
-    Api::namespaced(client.clone(), ns).create(&PostParams::default(), &role).await.unwrap();
-    let bind = ["create", "rolebinding", "pods", "-n", ns, "--role=pods", &format!("--serviceaccount={ns}:planter")];
-    stack.cp.kubectl().args(bind).output().unwrap();
+    may_create(&client, ns, "planter", &["pods"]).await;
     let decoy: Pod = serde_json::from_value(json!({
         "metadata": {"name": "hangar-agent-box"},
         "spec": {"containers": [{"name": "c", "image": "registry.example/decoy@sha256:00"}]},
@@ -661,15 +673,7 @@ async fn no_foreign_pod_and_no_impostor_node_reaches_a_session() {
     ensure_namespace(&admin, "iso-pinner").await;
     let tenant = stack.cp.client_as(&member_token(&stack.cp, "iso-pinner", "pinner", "")).await.unwrap();
     // The tenant may create Pods in its namespace, and bind them…
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "pods"},
-        "rules": [{"apiGroups": [""], "resources": ["pods", "pods/binding"], "verbs": ["create"]}],
-    }))
-    .unwrap();
-    Api::namespaced(admin.clone(), "iso-pinner").create(&PostParams::default(), &role).await.unwrap();
-    let bind =
-        ["create", "rolebinding", "pods", "-n", "iso-pinner", "--role=pods", "--serviceaccount=iso-pinner:pinner"];
-    stack.cp.kubectl().args(bind).output().unwrap();
+    may_create(&admin, "iso-pinner", "pinner", &["pods", "pods/binding"]).await;
     let pods: Api<Pod> = Api::namespaced(tenant, "iso-pinner");
     let pod = |spec: Value| -> Pod {
         let mut base = json!({"containers": [{"name": "c", "image": "registry.example/x@sha256:00"}]});
