@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use hangar_crds::{Phase, Sandbox};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::stack::LocalStack;
@@ -85,6 +86,24 @@ where
             panic!("{name}: not {what} within {DEADLINE:?}; {}", describe(current.as_ref()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls the Events about object `name` until one satisfies `pred`: a
+/// controller records its Event after the status it explains, so a reader
+/// that saw the status may not see the Event yet.
+pub async fn wait_event(events: &Api<Event>, name: &str, what: &str, pred: impl Fn(&Event) -> bool) -> Event {
+    let start = Instant::now();
+    let about = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    loop {
+        let seen = events.list(&about).await.unwrap_or_else(|e| panic!("list events of {name}: {e}"));
+        if let Some(e) = seen.items.into_iter().find(|e| pred(e)) {
+            return e;
+        }
+        if start.elapsed() > DEADLINE {
+            panic!("{name}: no {what} event within {DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -13,11 +13,11 @@ use hangar_crds::{Phase, PreflightState, Sandbox};
 use hangar_e2e::gateway::member_token;
 use hangar_e2e::process::free_port;
 use hangar_e2e::registry::{Blob, Image, Manifest, Registry, config, sha256};
-use hangar_e2e::sessions::{self, ensure_namespace, phase, wait_for};
+use hangar_e2e::sessions::{self, ensure_namespace, phase, wait_event, wait_for};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
@@ -144,12 +144,10 @@ async fn images_are_checked_before_any_instance_starts() {
         assert!(st.instance_id.is_none() && st.attempts.is_empty(), "{name}: no instance, no attempt: {st:?}");
         let ready = st.conditions.iter().find(|c| c.type_ == "Ready").expect("Ready condition");
         assert!(ready.status == "False" && ready.message.contains(code), "{name}: {ready:?}");
-        let seen = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.unwrap();
-        assert!(
-            seen.items.iter().any(|e| e.reason.as_deref() == Some("PreflightFailed")
-                && e.message.as_deref().is_some_and(|m| m.starts_with(code))),
-            "{name}: a PreflightFailed event with the code"
-        );
+        wait_event(&events, name, "PreflightFailed (with the code)", |e| {
+            e.reason.as_deref() == Some("PreflightFailed") && e.message.as_deref().is_some_and(|m| m.starts_with(code))
+        })
+        .await;
     }
     // The failed session answers its code (422) where it would need to run,
     // and shows the reason in its state.

@@ -6,19 +6,18 @@
 //! Once it is gone the operator makes its own and the session runs.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use hangar_crds::Phase;
 use hangar_crds::Sandbox;
 use hangar_e2e::ec2::{client as ec2_client, session_instances};
 use hangar_e2e::metrics_text;
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
-use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
+use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace, wait_event};
 use hangar_e2e::shared_stack;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 fn key_secret(session_id: &str, type_: &str, data: Vec<u8>) -> Secret {
@@ -79,20 +78,10 @@ async fn a_key_secret_hangar_did_not_make_is_never_trusted() {
     // Each is refused with a Warning Event, and nothing launches.
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
     for name in ["plain", "copied"] {
-        let start = Instant::now();
-        loop {
-            let seen =
-                events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.unwrap();
-            if seen
-                .items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("ForeignKeySecret") && e.type_.as_deref() == Some("Warning"))
-            {
-                break;
-            }
-            assert!(start.elapsed() < DEADLINE, "{name}: no ForeignKeySecret warning");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_event(&events, name, "ForeignKeySecret warning", |e| {
+            e.reason.as_deref() == Some("ForeignKeySecret") && e.type_.as_deref() == Some("Warning")
+        })
+        .await;
     }
     assert!(
         metrics_text::sum(&stack.operator().metrics(), "hangar_foreign_key_secrets_total").expect("exposed") >= 2.0

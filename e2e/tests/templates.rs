@@ -9,11 +9,11 @@ use hangar_crds::{Phase, Sandbox, SandboxTemplate};
 use hangar_e2e::gateway::member_token;
 use hangar_e2e::operator::workspace_binary;
 use hangar_e2e::registry::{Image, Manifest};
-use hangar_e2e::sessions::{self, ensure_namespace, phase, wait_for, wait_object};
+use hangar_e2e::sessions::{self, ensure_namespace, phase, wait_event, wait_for, wait_object};
 use hangar_e2e::shared_stack;
 use hangar_e2e::templates::{sign, template};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 fn phase_of(t: &SandboxTemplate) -> (String, String) {
@@ -70,8 +70,10 @@ async fn only_signed_templates_register_and_sessions_use_only_theirs() {
         assert!(reason.contains(why), "{name}: {reason}");
     }
     let events: Api<Event> = Api::all(client.clone());
-    let seen = events.list(&ListParams::default().fields("involvedObject.name=tools-4-0")).await.unwrap();
-    assert!(seen.items.iter().any(|e| e.reason.as_deref() == Some("Rejected")), "a Rejected event");
+    wait_event(&events, "tools-4-0", "Rejected", |e| {
+        e.reason.as_deref() == Some("Rejected") && e.type_.as_deref() == Some("Warning")
+    })
+    .await;
 
     // A session from the registered template runs its image.
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), other_ns);
