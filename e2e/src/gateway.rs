@@ -19,8 +19,10 @@ pub struct GatewayProcess {
     pub port: u16,
     /// Its peer port (replicas that know each other), plain HTTP.
     pub peer_port: Option<u16>,
-    /// Its admin server (/healthz, /readyz, /metrics).
+    /// Its health server (/healthz, /readyz) and metrics server (HTTPS).
     pub admin_port: u16,
+    pub metrics_port: u16,
+    scraper: std::sync::Arc<crate::scrape::Scraper>,
 }
 
 impl GatewayProcess {
@@ -30,7 +32,7 @@ impl GatewayProcess {
 
     /// Its `/metrics` text.
     pub fn metrics(&self) -> String {
-        crate::process::http_get(self.admin_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
+        self.scraper.metrics(self.metrics_port)
     }
 
     /// `Err` with its log tail when the process has exited.
@@ -88,8 +90,10 @@ impl GatewayProcess {
         log: &str,
         port: u16,
     ) -> Result<Self> {
-        let admin_port = free_port();
+        let (admin_port, metrics_port) = (free_port(), free_port());
+        let scraper = crate::scrape::Scraper::of(cp)?;
         let mut cmd = Command::new(workspace_binary("hangar-gateway"));
+        cmd.envs(crate::scrape::metrics_env(cp, metrics_port));
         cmd.env("KUBECONFIG", &cp.kubeconfig)
             .env("HANGAR_GATEWAY_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
             .env("HANGAR_GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
@@ -109,7 +113,7 @@ impl GatewayProcess {
             .iter()
             .find(|(k, _)| *k == "HANGAR_GATEWAY_PEER_LISTEN")
             .and_then(|(_, v)| v.rsplit(':').next()?.parse().ok());
-        Ok(Self { process, port, peer_port, admin_port })
+        Ok(Self { process, port, peer_port, admin_port, metrics_port, scraper })
     }
 }
 

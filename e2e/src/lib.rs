@@ -23,6 +23,7 @@ pub mod paths;
 pub mod pki;
 pub mod process;
 pub mod registry;
+pub mod scrape;
 pub mod sessions;
 pub mod stack;
 pub mod templates;

@@ -63,7 +63,11 @@ impl KeyService {
 pub struct OperatorProcess {
     process: Option<ChildProcess>,
     key_service: KeyService,
+    /// Health (plain HTTP) and metrics (HTTPS, read as the scraper).
+    pub admin_port: u16,
     pub metrics_port: u16,
+    scraper: std::sync::Arc<crate::scrape::Scraper>,
+    metrics_cert: (PathBuf, PathBuf),
     kubeconfig: PathBuf,
     ec2_endpoint: String,
     /// `HANGAR_REGISTRY_ENDPOINTS`: where the image preflight reads each
@@ -84,7 +88,10 @@ impl OperatorProcess {
         let mut op = Self {
             process: None,
             key_service: key_service.clone(),
+            admin_port: 0,
             metrics_port: 0,
+            scraper: crate::scrape::Scraper::of(cp)?,
+            metrics_cert: (cp.pki.serving_cert.clone(), cp.pki.serving_key.clone()),
             kubeconfig: cp.kubeconfig.clone(),
             ec2_endpoint: ec2_endpoint.to_owned(),
             registry_endpoints: registry_endpoints.to_owned(),
@@ -96,6 +103,7 @@ impl OperatorProcess {
     }
 
     fn spawn(&mut self) -> Result<()> {
+        self.admin_port = free_port();
         self.metrics_port = free_port();
         let mut cmd = Command::new(workspace_binary("hangar-operator"));
         cmd.env("KUBECONFIG", &self.kubeconfig)
@@ -105,7 +113,10 @@ impl OperatorProcess {
             .env("AWS_REGION", crate::ec2::REGION)
             .env("HANGAR_CLUSTER_NAME", CLUSTER_NAME)
             .env("POD_NAMESPACE", SYSTEM_NAMESPACE)
-            .env("HANGAR_METRICS_ADDR", format!("127.0.0.1:{}", self.metrics_port))
+            .env("HANGAR_ADMIN_LISTEN", format!("127.0.0.1:{}", self.admin_port))
+            .env("HANGAR_METRICS_LISTEN", format!("127.0.0.1:{}", self.metrics_port))
+            .env("HANGAR_METRICS_TLS_CERT", &self.metrics_cert.0)
+            .env("HANGAR_METRICS_TLS_KEY", &self.metrics_cert.1)
             .env("HANGAR_DESCRIBE_INTERVAL_MS", "300")
             .env("HANGAR_ORPHAN_SWEEP_SECONDS", "2")
             .env("HANGAR_DEBUG_SAMPLES", "true")
@@ -120,7 +131,7 @@ impl OperatorProcess {
             cmd.env(k, v);
         }
         let mut process = ChildProcess::spawn("hangar-operator", cmd, &self.log)?;
-        let port = self.metrics_port;
+        let port = self.admin_port;
         wait_until("hangar-operator /healthz", &mut process, Duration::from_secs(60), || {
             http_get(port, "/healthz").is_ok_and(|(s, _)| s == 200)
         })?;
@@ -155,7 +166,7 @@ impl OperatorProcess {
     /// Waits until /readyz answers 200 (the organisation key loaded and EC2
     /// described), failing early if the process exits.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let port = self.metrics_port;
+        let port = self.admin_port;
         let process = self.process.as_mut().ok_or(crate::error::HarnessError::NotStarted("hangar-operator"))?;
         wait_until("hangar-operator /readyz", process, timeout, || {
             http_get(port, "/readyz").is_ok_and(|(s, _)| s == 200)
@@ -173,13 +184,14 @@ impl OperatorProcess {
     }
 
     pub fn metrics(&self) -> String {
-        http_get(self.metrics_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
+        self.scraper.metrics(self.metrics_port)
     }
 
     /// The operator's raw latency samples (`/debug/samples`), for the
     /// benchmark's exact quantiles.
     pub fn samples(&self) -> serde_json::Value {
-        http_get(self.metrics_port, "/debug/samples")
+        self.scraper
+            .get(self.metrics_port, "/debug/samples")
             .ok()
             .and_then(|(_, b)| serde_json::from_str(&b).ok())
             .unwrap_or_default()

@@ -23,8 +23,10 @@ pub const CONFIGURATION: &str = "hangar-webhook";
 pub struct WebhookProcess {
     process: ChildProcess,
     pub port: u16,
-    /// Its admin server (/healthz, /readyz, /metrics).
+    /// Its health server (/healthz, /readyz) and metrics server (HTTPS).
     pub admin_port: u16,
+    pub metrics_port: u16,
+    scraper: std::sync::Arc<crate::scrape::Scraper>,
     /// Its ValidatingWebhookConfiguration, and the Secret of its certificate
     /// when it makes its own.
     pub configuration: String,
@@ -75,9 +77,11 @@ impl WebhookProcess {
     /// certificate: it writes the bundle itself), then started.
     pub fn start_with(cp: &ControlPlane, opts: WebhookOptions) -> Result<Self> {
         let port = free_port();
-        let admin_port = free_port();
+        let (admin_port, metrics_port) = (free_port(), free_port());
+        let scraper = crate::scrape::Scraper::of(cp)?;
         register(cp, port, &opts)?;
         let mut cmd = Command::new(workspace_binary("hangar-webhook"));
+        cmd.envs(crate::scrape::metrics_env(cp, metrics_port));
         cmd.env("KUBECONFIG", &cp.kubeconfig)
             .env("HANGAR_WEBHOOK_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
             .env("HANGAR_WEBHOOK_LISTEN", format!("127.0.0.1:{port}"))
@@ -106,7 +110,15 @@ impl WebhookProcess {
         wait_until("hangar-webhook /readyz", &mut process, Duration::from_secs(30), || {
             port_open(port) && crate::process::http_get(admin_port, "/readyz").is_ok_and(|(s, _)| s == 200)
         })?;
-        Ok(Self { process, port, admin_port, configuration: opts.configuration, cert_secret: opts.cert_secret })
+        Ok(Self {
+            process,
+            port,
+            admin_port,
+            metrics_port,
+            scraper,
+            configuration: opts.configuration,
+            cert_secret: opts.cert_secret,
+        })
     }
 
     /// Killed and started again (a new certificate, as at any start).
@@ -132,7 +144,7 @@ impl WebhookProcess {
 
     /// Its `/metrics` text.
     pub fn metrics(&self) -> String {
-        crate::process::http_get(self.admin_port, "/metrics").map(|(_, b)| b).unwrap_or_default()
+        self.scraper.metrics(self.metrics_port)
     }
 
     /// `Err` with its log tail when the process has exited.

@@ -221,6 +221,12 @@ fn network_policies_close_the_webhook_and_the_admin_ports() {
     );
     let admin = rules.iter().find(|r| port(r) == Some(9090)).unwrap();
     assert_eq!(admin["from"].as_sequence().map(Vec::len), Some(1), "admin port: hangar's namespace only");
+    assert_eq!(admin["ports"][1]["port"].as_u64(), Some(9443), "the metrics port: the same sources");
+    for component in ["operator", "gateway"] {
+        let p = find(&docs, "NetworkPolicy", &format!("hangar-{component}"), Some("hangar-system")).unwrap();
+        let text = serde_yaml::to_string(&p["spec"]["ingress"]).unwrap();
+        assert!(text.contains("port: 9443"), "{component}: the metrics port is listed: {text}");
+    }
     let operator = find(&docs, "NetworkPolicy", "hangar-operator", Some("hangar-system")).expect("operator policy");
     assert_eq!(port(&operator["spec"]["ingress"][0]), Some(8080));
     assert!(operator["spec"]["ingress"][0]["from"][0]["podSelector"].is_mapping());
@@ -229,6 +235,31 @@ fn network_policies_close_the_webhook_and_the_admin_ports() {
     assert!(
         find(&render(&["--set", "networkPolicy.enabled=false"]), "NetworkPolicy", "hangar-webhook", None).is_none()
     );
+}
+
+#[test]
+fn metrics_readers_are_bound_only_as_configured() {
+    let docs = render(&[]);
+    let reader = find(&docs, "ClusterRole", "hangar-metrics-reader", None).expect("the reader role");
+    let rules = serde_yaml::to_string(&reader["rules"]).unwrap();
+    assert!(rules.contains("/metrics") && !rules.contains("resources"), "non-resource URLs only: {rules}");
+    assert!(find(&docs, "ClusterRoleBinding", "hangar-metrics-reader", None).is_none(), "no reader by default");
+    let docs = render(&[
+        "--set",
+        "metrics.readers[0].kind=ServiceAccount",
+        "--set",
+        "metrics.readers[0].name=prometheus",
+        "--set",
+        "metrics.readers[0].namespace=monitoring",
+    ]);
+    let binding = find(&docs, "ClusterRoleBinding", "hangar-metrics-reader", None).expect("the readers' binding");
+    assert_eq!(binding["subjects"][0]["name"].as_str(), Some("prometheus"));
+    assert_eq!(binding["roleRef"]["name"].as_str(), Some("hangar-metrics-reader"));
+    for component in ["operator", "webhook", "gateway"] {
+        let d = find(&docs, "Deployment", &format!("hangar-{component}"), Some("hangar-system")).unwrap();
+        let ports = serde_yaml::to_string(&d["spec"]["template"]["spec"]["containers"][0]["ports"]).unwrap();
+        assert!(ports.contains("containerPort: 9443"), "{component} declares its metrics port: {ports}");
+    }
 }
 
 #[test]
@@ -350,6 +381,16 @@ fn chart_installs_and_grants_least_privilege() {
     no(gw, &["patch", "secrets", "-n", "hangar-system"]);
     no(gw, &["delete", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(gw, &["patch", "sandboxes.hangar.dev", "--subresource=status", "-n", "team-a"]);
+
+    // Metrics: every metrics server may check a scraper's token, and none
+    // of hangar's own identities may read another's metrics.
+    for sa in [op, wh, gw] {
+        yes(sa, &["create", "tokenreviews.authentication.k8s.io"]);
+        yes(sa, &["create", "subjectaccessreviews.authorization.k8s.io"]);
+        no(sa, &["get", "/metrics"]);
+    }
+    no("hangar-worker", &["get", "/metrics"]);
+    no("hangar-worker", &["create", "tokenreviews.authentication.k8s.io"]);
 
     // A session token's identity may make the writes a token can make (the
     // admission webhook holds each to its token) and read nothing.

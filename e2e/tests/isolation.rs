@@ -837,3 +837,60 @@ async fn a_kubelet_cannot_rebind_its_node_to_another_session() {
     assert_eq!(b_after.spec, b_before.spec);
     assert_eq!(b_after.status.as_ref().and_then(|s| s.node_name.clone()), b_before.status.and_then(|s| s.node_name));
 }
+
+/// Metrics name sessions and tenants: they are served over TLS only, and
+/// only to a token RBAC allows `get` on the path. Another tenant, any pod
+/// and a session node's worker are refused; the health port has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_read_only_with_a_token_rbac_allows() {
+    use hangar_e2e::process::http_get;
+    use hangar_e2e::scrape::{https_get, tls_client};
+    let stack = shared_stack();
+    let (_, _, session) = sessions::running_box(stack, "iso-metrics").await;
+    let admin = stack.cp.client().await.unwrap();
+    ensure_namespace(&admin, "iso-scrape").await;
+    let tenant = member_token(&stack.cp, "iso-scrape", "mallory", "*");
+    let pod = member_token(&stack.cp, "iso-scrape", "some-pod", "");
+    let node = session.status.as_ref().and_then(|s| s.node_name.clone()).expect("a node");
+    let kubeconfig = std::fs::read_to_string(stack.sim.nodes_dir.join(&node).join("worker-kubeconfig.yaml")).unwrap();
+    let kubeconfig: Value = serde_yaml::from_str(&kubeconfig).unwrap();
+    let worker = kubeconfig["users"][0]["user"]["token"].as_str().expect("the worker's token").to_owned();
+
+    let tls = tls_client(&stack.cp.pki.ca_pem);
+    let servers = {
+        let op = stack.operator();
+        [
+            ("operator", op.metrics_port, op.admin_port),
+            ("webhook", stack.webhook.metrics_port, stack.webhook.admin_port),
+            ("gateway", stack.gateway.metrics_port, stack.gateway.admin_port),
+        ]
+    };
+    for (component, metrics, health) in servers {
+        let get = |path: &str, token: Option<&str>| {
+            https_get(&tls, metrics, path, token).unwrap_or_else(|e| panic!("{component} {path}: {e}"))
+        };
+        let (status, body) = get("/metrics", None);
+        assert_eq!(status, 401, "{component}: no token: {body}");
+        let (status, _) = get("/metrics", Some("made-up-token"));
+        assert_eq!(status, 401, "{component}: a made-up token");
+        for (who, token) in [("another tenant", &tenant), ("a pod's ServiceAccount", &pod), ("a worker", &worker)] {
+            let (status, body) = get("/metrics", Some(token));
+            assert_eq!(status, 403, "{component}, as {who}: {body}");
+            assert!(!body.contains("hangar_"), "{component}, as {who}: no series in a refusal");
+        }
+        // The operator's raw samples name every session: refused alike.
+        let (status, _) = get("/debug/samples", Some(&tenant));
+        assert!(status == 403, "{component}: samples as another tenant: {status}");
+        // In clear, the metrics port answers nothing; the health port has
+        // no metrics.
+        let plain = http_get(metrics, "/metrics");
+        assert!(!plain.as_ref().is_ok_and(|(s, b)| *s == 200 || b.contains("hangar_")), "{component}: {plain:?}");
+        let (status, _) = http_get(health, "/metrics").unwrap();
+        assert_eq!(status, 404, "{component}: metrics on the health port");
+        assert_eq!(http_get(health, "/healthz").unwrap().0, 200, "{component}: health stays open to probes");
+    }
+    // The harness's scraper holds the chart's metrics-reader role: it reads.
+    assert!(stack.operator().metrics().contains("hangar_reconciles_total"), "the scraper reads the operator");
+    assert!(stack.webhook.metrics().contains("hangar_webhook_"), "the scraper reads the webhook");
+    assert!(stack.gateway.metrics().contains("hangar_gateway_"), "the scraper reads the gateway");
+}

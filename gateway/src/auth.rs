@@ -3,25 +3,18 @@
 //! or for any other audience, is refused); each action is then authorised
 //! with a SubjectAccessReview against the Sandbox's namespace, so a member
 //! may do through the gateway exactly what RBAC lets them do with kubectl.
-//!
-//! The apiserver is kept out of the hot path and out of an attacker's
-//! reach: answers are cached briefly by token digest (never the token),
-//! refused tokens too; TokenReviews of unknown tokens are rate-limited as a
-//! whole, and every authenticated caller has a request rate of its own.
+//! Both are `hangar_runtime::delegated_auth` (cached by token digest,
+//! TokenReviews of new tokens rate-limited as a whole); on top, every
+//! authenticated caller has a request rate of its own.
 
-use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU32;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use hangar_crds::ErrorCode;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-use kube::api::{Api, PostParams};
+use hangar_runtime::delegated_auth::{self, Action, AuthError, DelegatedAuth};
 
 use crate::error::ApiError;
 
-const CACHE_FOR: Duration = Duration::from_secs(10);
+pub use hangar_runtime::delegated_auth::Caller;
 
 /// The gateway's rate limits.
 #[derive(Clone, Copy, Debug)]
@@ -49,112 +42,48 @@ type Keyed = governor::RateLimiter<
     governor::state::keyed::DefaultKeyedStateStore<String>,
     governor::clock::DefaultClock,
 >;
-type Direct = governor::DefaultDirectRateLimiter;
 
 fn rate_limited(what: &str) -> ApiError {
     ApiError::new(ErrorCode::RateLimited, format!("too many {what}; try again shortly"))
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct Caller {
-    pub user: String,
-    pub uid: Option<String>,
-    pub groups: Vec<String>,
-    pub extra: BTreeMap<String, Vec<String>>,
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Missing => ApiError::new(ErrorCode::TokenInvalid, "a bearer token is required"),
+            AuthError::Invalid => ApiError::new(ErrorCode::TokenInvalid, "the bearer token is not valid"),
+            AuthError::RateLimited => rate_limited("new tokens at once"),
+            AuthError::Api(e) => e.into(),
+        }
+    }
 }
 
 pub struct Auth {
-    client: kube::Client,
-    /// The audience a member's token must be minted for; `None`: the
-    /// apiserver's own (any token the cluster accepts).
-    audience: Option<String>,
-    tokens: Mutex<HashMap<Vec<u8>, (Instant, Caller)>>,
-    /// Digests of tokens refused recently: answered without a TokenReview.
-    refused: Mutex<HashMap<Vec<u8>, Instant>>,
-    decisions: Mutex<HashMap<String, (Instant, bool)>>,
+    delegated: DelegatedAuth,
     per_caller: Keyed,
-    reviews: Direct,
-    /// TokenReviews made (for /metrics).
-    pub token_reviews: prometheus_client::metrics::counter::Counter,
 }
 
 impl Auth {
     pub fn new(client: kube::Client, audience: Option<String>, limits: Limits) -> Self {
         use governor::{Quota, RateLimiter};
         Self {
-            client,
-            audience,
-            tokens: Mutex::default(),
-            refused: Mutex::default(),
-            decisions: Mutex::default(),
+            delegated: DelegatedAuth::new(client, audience, limits.token_reviews),
             per_caller: RateLimiter::keyed(Quota::per_second(limits.per_caller).allow_burst(limits.per_caller_burst)),
-            reviews: RateLimiter::direct(Quota::per_second(limits.token_reviews)),
-            token_reviews: Default::default(),
         }
+    }
+
+    /// TokenReviews made (for /metrics).
+    pub fn token_reviews(&self) -> prometheus_client::metrics::counter::Counter {
+        self.delegated.token_reviews.clone()
     }
 
     /// The caller behind `Authorization: Bearer …`.
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
-        let token = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::new(ErrorCode::TokenInvalid, "a bearer token is required"))?;
+        let token = delegated_auth::bearer(authorization)?;
         if token.starts_with("hgt_") {
             return Err(ApiError::new(ErrorCode::TokenInvalid, "session tokens are not accepted on member routes"));
         }
-        let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref().to_vec();
-        let cached = self.tokens.lock().unwrap_or_else(|p| p.into_inner()).get(&digest).cloned();
-        if let Some((_, c)) = cached.filter(|(at, _)| at.elapsed() < CACHE_FOR) {
-            return self.admit(c);
-        }
-        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner()).get(&digest).copied();
-        if refused.is_some_and(|at| at.elapsed() < CACHE_FOR) {
-            return Err(invalid());
-        }
-        if self.reviews.check().is_err() {
-            return Err(rate_limited("new tokens at once"));
-        }
-        self.token_reviews.inc();
-        let review = TokenReview {
-            spec: TokenReviewSpec { token: token.to_owned(), audiences: self.audience.clone().map(|a| vec![a]) },
-            ..Default::default()
-        };
-        let api: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = api.create(&PostParams::default(), &review).await?;
-        let status = answer.status.unwrap_or_default();
-        // With an audience asked for, the answer must name it: a token for
-        // another audience is not one for us.
-        let for_us = match &self.audience {
-            Some(a) => status.audiences.as_ref().is_some_and(|list| list.contains(a)),
-            None => true,
-        };
-        let user = status.user.filter(|_| status.authenticated == Some(true) && for_us);
-        let Some(user) = user else {
-            let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-            if refused.len() > 10_000 {
-                refused.retain(|_, at| at.elapsed() < CACHE_FOR);
-            }
-            refused.insert(digest, Instant::now());
-            return Err(invalid());
-        };
-        let caller = Caller {
-            user: user.username.unwrap_or_default(),
-            uid: user.uid,
-            groups: user.groups.unwrap_or_default(),
-            extra: user.extra.unwrap_or_default(),
-        };
-        let mut cache = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() > 10_000 {
-            cache.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
-        }
-        cache.insert(digest, (Instant::now(), caller.clone()));
-        drop(cache);
-        self.admit(caller)
-    }
-
-    /// The caller, if within its request rate.
-    fn admit(&self, caller: Caller) -> Result<Caller, ApiError> {
+        let caller = self.delegated.authenticate(token).await?;
         self.admit_key(&caller.user)?;
         Ok(caller)
     }
@@ -179,39 +108,13 @@ impl Auth {
         verb: &str,
         resource: &str,
     ) -> Result<(), ApiError> {
-        let key = format!("{}\u{0}{}\u{0}{namespace}\u{0}{verb}\u{0}{resource}", caller.user, caller.groups.join(","));
-        let cached = self.decisions.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied();
-        let allowed = match cached {
-            Some((at, allowed)) if at.elapsed() < CACHE_FOR => allowed,
-            _ => {
-                let review = SubjectAccessReview {
-                    spec: SubjectAccessReviewSpec {
-                        user: Some(caller.user.clone()),
-                        uid: caller.uid.clone(),
-                        groups: Some(caller.groups.clone()),
-                        extra: Some(caller.extra.clone()),
-                        resource_attributes: Some(ResourceAttributes {
-                            namespace: Some(namespace.to_owned()),
-                            verb: Some(verb.to_owned()),
-                            group: Some(hangar_crds::GROUP.to_owned()),
-                            resource: Some(resource.to_owned()),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
-                let allowed = api.create(&PostParams::default(), &review).await?.status.is_some_and(|s| s.allowed);
-                let mut cache = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
-                if cache.len() > 10_000 {
-                    cache.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
-                }
-                cache.insert(key, (Instant::now(), allowed));
-                allowed
-            }
+        let action = Action::Resource {
+            namespace: namespace.to_owned(),
+            verb: verb.to_owned(),
+            group: hangar_crds::GROUP.to_owned(),
+            resource: resource.to_owned(),
         };
-        if allowed {
+        if self.delegated.allowed(caller, &action).await? {
             Ok(())
         } else {
             Err(ApiError::new(
@@ -221,8 +124,4 @@ impl Auth {
             ))
         }
     }
-}
-
-fn invalid() -> ApiError {
-    ApiError::new(ErrorCode::TokenInvalid, "the bearer token is not valid")
 }

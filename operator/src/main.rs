@@ -70,7 +70,8 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     } else {
         axum::Router::new()
     };
-    let readiness = admin::start(settings.metrics_addr.as_str(), registry, debug).await?;
+    let readiness = admin::start_health(settings.admin_listen.as_str()).await?;
+    admin::start_metrics(&settings.metrics, client.clone(), registry, debug).await?;
 
     let mut election = None;
     if settings.leader_elect {

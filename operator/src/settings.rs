@@ -80,9 +80,11 @@ pub struct Settings {
     /// session keys. Unset: a key is generated and kept in a Secret.
     #[arg(long, env = "HANGAR_ORG_KEY_FILE")]
     pub org_key_file: Option<std::path::PathBuf>,
-    /// Address of the health and metrics endpoint.
-    #[arg(long, env = "HANGAR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    pub metrics_addr: String,
+    /// Address of the health server (/healthz, /readyz; plain HTTP).
+    #[arg(long, env = "HANGAR_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: String,
+    #[command(flatten)]
+    pub metrics: hangar_runtime::admin::MetricsArgs,
     /// Serve `/debug/samples` (raw latency samples keyed by session, for the
     /// benchmark). Off by default: it names every tenant's sessions.
     #[arg(long, env = "HANGAR_DEBUG_SAMPLES", default_value_t = false, action = clap::ArgAction::Set)]

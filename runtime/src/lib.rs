@@ -1,8 +1,10 @@
 //! hangar-runtime: the plumbing every hangar binary shares, so the binaries
 //! stay thin and do it one way.
 //!
-//! - `admin`: `/healthz`, `/readyz` and `/metrics` (prometheus-client) on
-//!   a port of their own
+//! - `admin`: `/healthz` and `/readyz` on a plain port of their own;
+//!   `/metrics` (prometheus-client) over HTTPS behind delegated auth
+//! - `delegated_auth`: TokenReview and SubjectAccessReview, cached by
+//!   token digest (the gateway's members, metrics scrapers)
 //! - `telemetry`: structured logs (tracing) and the process's one TLS
 //!   crypto provider
 //! - `https`: the TLS server every credential-carrying listener uses
@@ -19,6 +21,7 @@
 //!   compare-and-swap (the session command ledgers)
 
 pub mod admin;
+pub mod delegated_auth;
 pub mod https;
 pub mod json_document;
 pub mod kube_ext;

@@ -195,7 +195,11 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     let metrics = WorkerMetrics::default();
     let mut registry = Registry::with_prefix("hangar_worker");
     metrics.register(&mut registry);
-    let readiness = admin::start(&config.admin_listen, registry, Default::default()).await.map_err(Error::Admin)?;
+    let admin_listen = config
+        .admin_listen
+        .parse()
+        .map_err(|_| Error::Admin(std::io::Error::other(format!("not an address: {}", config.admin_listen))))?;
+    let readiness = admin::start_on_loopback(admin_listen, registry, Default::default()).await.map_err(Error::Admin)?;
     let (ns, name, bound_id, node_uid) = session_of_node(&client, &config.node_name).await?;
     tracing::info!(node = %config.node_name, %ns, sandbox = %name, session_id = %bound_id, "serving session");
     let session = session_client(&base, &client, &config, &node_uid).await?;

@@ -79,9 +79,11 @@ struct Settings {
     /// ... or a DNS name:port resolving to every replica (a headless Service).
     #[arg(long, env = "HANGAR_GATEWAY_PEER_DNS", default_value = "")]
     peer_dns: String,
-    /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
+    /// Address of the health server (/healthz, /readyz; plain HTTP).
     #[arg(long, env = "HANGAR_GATEWAY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
+    #[command(flatten)]
+    metrics: admin::MetricsArgs,
 }
 
 #[tokio::main]
@@ -108,8 +110,9 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     };
     let audience = Some(settings.token_audience.clone()).filter(|a| !a.is_empty());
     let auth = Auth::new(client.clone(), audience, limits);
-    registry.register("token_reviews", "TokenReviews sent to the apiserver", auth.token_reviews.clone());
-    let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
+    registry.register("token_reviews", "TokenReviews sent to the apiserver", auth.token_reviews());
+    let readiness = admin::start_health(settings.admin_listen).await?;
+    admin::start_metrics(&settings.metrics, client.clone(), registry, Default::default()).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
     let kek_bytes = output_kek(&secrets).await?;
     let kek = OrgKey::from_bytes(&kek_bytes)?;

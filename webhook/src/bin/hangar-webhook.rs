@@ -71,9 +71,11 @@ struct Settings {
     /// else that can reach the port is refused at the handshake).
     #[arg(long, env = "HANGAR_WEBHOOK_CLIENT_CA")]
     client_ca: Option<PathBuf>,
-    /// Address of the admin server (/healthz, /readyz, /metrics; plain HTTP).
+    /// Address of the health server (/healthz, /readyz; plain HTTP).
     #[arg(long, env = "HANGAR_WEBHOOK_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
+    #[command(flatten)]
+    metrics: admin::MetricsArgs,
     /// Namespace of the operator, where the session command ledgers are kept.
     #[arg(long, env = "POD_NAMESPACE", default_value = "hangar-system")]
     system_namespace: String,
@@ -148,7 +150,8 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     metrics.register(&mut registry);
     // /healthz answers (and /readyz says 503) while the caches fill: an
     // apiserver slow to answer is waited for, not a reason to look dead.
-    let readiness = admin::start(settings.admin_listen, registry, Default::default()).await?;
+    let readiness = admin::start_health(settings.admin_listen).await?;
+    admin::start_metrics(&settings.metrics, client.clone(), registry, Default::default()).await?;
     let caches = caches::Caches::start(&client).await?;
     let commands = commands::CommandAdmission::new(client.clone(), &caches, &settings.system_namespace);
     let tokens = session_tokens::TokenAdmission::new(client.clone(), &caches);
