@@ -9,7 +9,9 @@
 #   - helm: helm.sh/helm/v3/cmd/helm from a wrapper module;
 #   - registry: an OCI registry on loopback (go-containerregistry's
 #     pkg/registry) for the image preflight, from a wrapper main that binds
-#     127.0.0.1, prints its port and can ask for basic auth.
+#     127.0.0.1, prints its port and can ask for basic auth;
+#   - crane: go-containerregistry's image tool, which packs hangar's own
+#     binaries into OCI images and multi-platform indexes (no Docker engine).
 # Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry ...]   (default: all)
 # Prints the cache's bin directory on stdout; progress goes to stderr.
 set -euo pipefail
@@ -201,6 +203,21 @@ GO
   go_build registry "$GGCR_VERSION" "$dir" .
 }
 
+build_crane() {
+  cached crane "$GGCR_VERSION" && return
+  local dir
+  dir=$(work_dir crane "$GGCR_VERSION")
+  cat >"$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "github.com/google/go-containerregistry/cmd/crane"
+GO
+  wrapper_module "$dir" crane github.com/google/go-containerregistry "$GGCR_VERSION"
+  go_build crane "$GGCR_VERSION" "$dir" github.com/google/go-containerregistry/cmd/crane
+}
+
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm registry)
 for t in "${targets[@]}"; do
@@ -209,6 +226,7 @@ for t in "${targets[@]}"; do
     kube-apiserver) build_kube ;;
     helm) build_helm ;;
     registry) build_registry ;;
+    crane) build_crane ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

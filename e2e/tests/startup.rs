@@ -23,7 +23,7 @@ fn the_operator_waits_for_ec2_instead_of_exiting() {
     });
     stack.operator().restart_with_endpoint(&proxy.endpoint()).expect("operator alive");
     let pid = stack.operator().pid();
-    let port = stack.operator().metrics_port;
+    let port = stack.operator().admin_port;
     let readyz = || http_get(port, "/readyz").map(|(s, _)| s).unwrap_or(0);
 
     assert_eq!(readyz(), 503, "not ready while EC2 fails");
