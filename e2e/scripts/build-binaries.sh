@@ -54,6 +54,12 @@ work_dir() {
   echo "$dir"
 }
 
+# tools_file <dir> <package>: a tools.go in <dir> that imports <package>,
+# so the wrapper module builds that program of the required module.
+tools_file() {
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$2" >"$1/tools.go"
+}
+
 # wrapper_module <dir> <name> <module> <version>: a module in <dir> that
 # requires <module>@<version>, its graph resolved.
 wrapper_module() {
@@ -105,13 +111,7 @@ build_kube() {
     grep -E '=> \./staging/src/' "$gomod" | awk -v v="v0.$minor_patch" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
   } >"$dir/go.mod"
-  cat >"$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-GO
+  tools_file "$dir" k8s.io/kubernetes/cmd/kube-apiserver
   log "resolving the module graph of k8s.io/kubernetes@$KUBE_VERSION"
   (cd "$dir" && go mod tidy >&2)
   local v="$KUBE_VERSION" ld=""
@@ -126,13 +126,7 @@ build_helm() {
   cached helm "$HELM_VERSION" && return
   local dir
   dir=$(work_dir helm "$HELM_VERSION")
-  cat >"$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import _ "helm.sh/helm/v3/cmd/helm"
-GO
+  tools_file "$dir" helm.sh/helm/v3/cmd/helm
   wrapper_module "$dir" helm helm.sh/helm/v3 "$HELM_VERSION"
   # Helm's own Makefile stamps the Kubernetes version it was built against
   # (client-go v0.X.Y means 1.X); unstamped, `helm template` assumes 1.20.
@@ -207,13 +201,7 @@ build_crane() {
   cached crane "$GGCR_VERSION" && return
   local dir
   dir=$(work_dir crane "$GGCR_VERSION")
-  cat >"$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import _ "github.com/google/go-containerregistry/cmd/crane"
-GO
+  tools_file "$dir" github.com/google/go-containerregistry/cmd/crane
   wrapper_module "$dir" crane github.com/google/go-containerregistry "$GGCR_VERSION"
   go_build crane "$GGCR_VERSION" "$dir" github.com/google/go-containerregistry/cmd/crane
 }

@@ -261,6 +261,13 @@ pub fn https_client(cp: &ControlPlane, identity: Option<(&[u8], &[u8])>) -> reqw
 
 /// An HTTPS client that trusts only the CAs in `ca_pem`.
 pub fn https_client_trusting(ca_pem: &str, identity: Option<(&[u8], &[u8])>) -> reqwest::Client {
+    let tls = tls_client_config(ca_pem, identity);
+    reqwest::Client::builder().tls_backend_preconfigured(tls).build().expect("client")
+}
+
+/// A TLS client configuration that trusts only the CAs in `ca_pem` and
+/// presents `identity` (certificate and key, PEM) when given.
+pub fn tls_client_config(ca_pem: &str, identity: Option<(&[u8], &[u8])>) -> rustls::ClientConfig {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     crate::install_crypto_provider();
@@ -273,7 +280,7 @@ pub fn https_client_trusting(ca_pem: &str, identity: Option<(&[u8], &[u8])>) -> 
         .with_safe_default_protocol_versions()
         .expect("TLS versions")
         .with_root_certificates(roots);
-    let tls = match identity {
+    match identity {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
             let certs = CertificateDer::pem_slice_iter(cert).collect::<Result<Vec<_>, _>>().expect("cert pem");
@@ -281,8 +288,7 @@ pub fn https_client_trusting(ca_pem: &str, identity: Option<(&[u8], &[u8])>) -> 
                 .with_client_auth_cert(certs, PrivateKeyDer::from_pem_slice(key).expect("key pem"))
                 .expect("identity")
         }
-    };
-    reqwest::Client::builder().tls_backend_preconfigured(tls).build().expect("client")
+    }
 }
 
 /// The audience the gateway asks TokenReviews for (its default).

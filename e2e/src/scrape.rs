@@ -30,19 +30,7 @@ pub fn metrics_env(cp: &ControlPlane, port: u16) -> Vec<(&'static str, String)> 
 
 /// A client that trusts the local CA only.
 pub fn tls_client(ca_pem: &str) -> Arc<rustls::ClientConfig> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("the local CA")).expect("a CA certificate");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Arc::new(config)
+    Arc::new(crate::gateway::tls_client_config(ca_pem, None))
 }
 
 /// `GET path` over HTTPS on loopback, with `token` as the bearer if given:
