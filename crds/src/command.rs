@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3600;
 
+/// Who created the command: written by the apiserver itself on create (the
+/// chart's `command-sender` MutatingAdmissionPolicy, from the request's
+/// username, replacing whatever the client wrote) and kept unchanged by a
+/// ValidatingAdmissionPolicy; the operator copies it to `status.sentBy`.
+pub const SENDER_ANNOTATION: &str = "hangar.dev/sender";
+
 /// A command sent to a session. No stdin, no TTY, no interactive shell: the
 /// schema has no such fields, so strict field validation refuses them.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -49,6 +55,11 @@ pub struct CommandSpec {
 }
 
 impl Command {
+    /// Who created it, as the apiserver wrote it ([`SENDER_ANNOTATION`]).
+    pub fn sender(&self) -> Option<&str> {
+        self.metadata.annotations.as_ref()?.get(SENDER_ANNOTATION).map(String::as_str)
+    }
+
     /// Whether this command belongs to the session `sandbox`: it names the
     /// Sandbox, in its namespace, and was not admitted for an earlier
     /// Sandbox of the same name (bound by uid; one not yet numbered is

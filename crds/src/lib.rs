@@ -7,9 +7,11 @@
 //! disk drift from the types.
 
 pub mod command;
+pub mod command_admission;
 pub mod error_code;
 pub mod heartbeat;
 pub mod manifests;
+pub mod node_commands;
 pub mod output_keys;
 pub mod sandbox;
 pub mod sandbox_template;

@@ -55,9 +55,43 @@ impl KeyService {
         })
     }
 
+    /// What a webhook needs to ask this service for command admissions:
+    /// its URL, its CA and a token of the chart's webhook ServiceAccount
+    /// (minted now, written to `dir`).
+    pub fn decider_for_webhook(&self, cp: &ControlPlane, dir: &std::path::Path) -> Result<WebhookDecider> {
+        let out = cp
+            .kubectl()
+            .args(["create", "token", WEBHOOK_SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, "--duration=48h"])
+            .output()
+            .map_err(crate::error::io("kubectl create token"))?;
+        if !out.status.success() {
+            return Err(crate::error::HarnessError::NotReady {
+                what: "a token of the webhook's ServiceAccount".into(),
+                seconds: 0,
+                log_tail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        let token_file = dir.join("webhook-token");
+        std::fs::write(&token_file, &out.stdout).map_err(crate::error::io("write the webhook's token"))?;
+        Ok(WebhookDecider { url: self.url(), ca: self.ca.clone(), token_file })
+    }
+
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
     }
+}
+
+/// The chart's webhook ServiceAccount (release `hangar`), whose identity
+/// the operator answers command admissions for.
+pub const WEBHOOK_SERVICE_ACCOUNT: &str = "hangar-webhook";
+
+/// Where a webhook asks for command admissions (the operator's node
+/// service), and as whom.
+#[derive(Clone, Debug)]
+pub struct WebhookDecider {
+    pub url: String,
+    pub ca: PathBuf,
+    pub token_file: PathBuf,
 }
 
 pub struct OperatorProcess {
@@ -123,6 +157,10 @@ impl OperatorProcess {
             .env("HANGAR_REGISTRY_ENDPOINTS", &self.registry_endpoints)
             .env("HANGAR_TEMPLATE_KEYS", crate::templates::trusted_keys_env())
             .env("HANGAR_WORKSPACE_KEY_LISTEN", format!("127.0.0.1:{}", self.key_service.port))
+            .env(
+                "HANGAR_ADMISSION_CALLERS",
+                format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{WEBHOOK_SERVICE_ACCOUNT}"),
+            )
             .env("HANGAR_WORKSPACE_KEY_TLS_CERT", &self.key_service.cert)
             .env("HANGAR_WORKSPACE_KEY_TLS_KEY", &self.key_service.key)
             .env("HANGAR_INSTANCE_IDENTITY_CERTIFICATE", &self.key_service.regional_certificate)

@@ -68,7 +68,9 @@ impl LocalStack {
             tracing::warn!("create namespace {SYSTEM_NAMESPACE}: {}", String::from_utf8_lossy(&status.stderr));
         }
         apply_chart_parts(&cp, &CHART_IDENTITIES_AND_POLICIES)?;
-        let webhook = WebhookProcess::start(&cp)?;
+        let identity_authority = crate::imds::IdentityAuthority::generate(&cp.dir().join("pki"), "regional-identity")?;
+        let key_service = KeyService::generate(&cp.dir().join("pki"), identity_authority.cert.clone())?;
+        let webhook = WebhookProcess::start(&cp, key_service.decider_for_webhook(&cp, cp.dir())?)?;
         let env: Vec<(&str, &str)> = opts.operator_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         // Always in front of moto: it plays the launch time EC2 gives each
         // start, which the workspace key hand-over checks.
@@ -78,8 +80,6 @@ impl LocalStack {
             .chain(opts.registry_endpoints.iter().map(|(h, u)| format!("{h}={u}")))
             .collect::<Vec<_>>()
             .join(",");
-        let identity_authority = crate::imds::IdentityAuthority::generate(&cp.dir().join("pki"), "regional-identity")?;
-        let key_service = KeyService::generate(&cp.dir().join("pki"), identity_authority.cert.clone())?;
         let operator = OperatorProcess::start(&cp, &ec2_endpoint, &registries, &key_service, &env)?;
         let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();
         let (gateway, gateway_replica) = (replicas.next().expect("replica 0"), replicas.next().expect("replica 1"));
@@ -169,8 +169,9 @@ pub fn shared_stack() -> &'static LocalStack {
 /// The chart's templates that give the simulated workers the identity they
 /// have in a real cluster (the ServiceAccounts, the worker's RBAC and its
 /// node restriction policy) and keep foreign Pods off session nodes.
-pub const CHART_IDENTITIES_AND_POLICIES: [&str; 5] = [
+pub const CHART_IDENTITIES_AND_POLICIES: [&str; 6] = [
     "templates/serviceaccounts.yaml",
+    "templates/command-sender.yaml",
     "templates/rbac-worker.yaml",
     "templates/rbac-session-tokens.yaml",
     "templates/worker-node-restriction.yaml",

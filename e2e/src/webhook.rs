@@ -46,6 +46,8 @@ pub struct WebhookOptions {
     /// Only requests in these namespaces (a second webhook beside the stack's).
     pub namespaces: Option<Vec<String>>,
     pub log: String,
+    /// Where command admissions are decided (the operator's node service).
+    pub decider: Option<crate::operator::WebhookDecider>,
 }
 
 impl Default for WebhookOptions {
@@ -58,19 +60,21 @@ impl Default for WebhookOptions {
             cert_check_seconds: 5,
             namespaces: None,
             log: "webhook.log".into(),
+            decider: None,
         }
     }
 }
 
 impl WebhookProcess {
-    /// The stack's webhook: its own certificate, registered for every namespace.
-    pub fn start(cp: &ControlPlane) -> Result<Self> {
-        Self::start_with(cp, WebhookOptions::default())
+    /// The stack's webhook: its own certificate, registered for every
+    /// namespace, asking `decider` for command admissions.
+    pub fn start(cp: &ControlPlane, decider: crate::operator::WebhookDecider) -> Result<Self> {
+        Self::start_with(cp, WebhookOptions { decider: Some(decider), ..Default::default() })
     }
 
     /// Serving the local CA's certificate from files.
-    pub fn start_with_files(cp: &ControlPlane) -> Result<Self> {
-        Self::start_with(cp, WebhookOptions { cert_secret: None, ..Default::default() })
+    pub fn start_with_files(cp: &ControlPlane, decider: crate::operator::WebhookDecider) -> Result<Self> {
+        Self::start_with(cp, WebhookOptions { cert_secret: None, decider: Some(decider), ..Default::default() })
     }
 
     /// Registered first (without a caBundle when it makes its own
@@ -89,6 +93,11 @@ impl WebhookProcess {
             .env("POD_NAMESPACE", crate::operator::SYSTEM_NAMESPACE)
             .env("HANGAR_TEMPLATE_KEYS", crate::templates::trusted_keys_env())
             .env("RUST_LOG", "info");
+        if let Some(d) = &opts.decider {
+            cmd.env("HANGAR_OPERATOR_URL", &d.url)
+                .env("HANGAR_OPERATOR_CA", &d.ca)
+                .env("HANGAR_OPERATOR_TOKEN_FILE", &d.token_file);
+        }
         match &opts.cert_secret {
             Some(secret) => {
                 cmd.env("HANGAR_WEBHOOK_CERTIFICATE", "self")
@@ -193,6 +202,12 @@ fn register(cp: &ControlPlane, port: u16, opts: &WebhookOptions) -> Result<()> {
     );
     token_callers["matchConditions"] =
         json!([{"name": "session-token-identity", "expression": TOKEN_CALLER_CONDITION}]);
+    let mut sandboxes = hook(
+        "sandboxes.hangar.dev",
+        "/validate/sandboxes",
+        json!([rule(&["CREATE", "UPDATE", "DELETE"], &["sandboxes"])]),
+    );
+    sandboxes["matchConditions"] = json!([{"name": "create-or-end", "expression": SANDBOX_CREATE_OR_END_CONDITION}]);
     let config = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -200,7 +215,7 @@ fn register(cp: &ControlPlane, port: u16, opts: &WebhookOptions) -> Result<()> {
         "webhooks": [
             hook("commands.hangar.dev", "/validate/commands", json!([rule(&["CREATE"], &["commands"])])),
             hook("sessiontokens.hangar.dev", "/validate/sessiontokens", json!([rule(&["CREATE"], &["sessiontokens"])])),
-            hook("sandboxes.hangar.dev", "/validate/sandboxes", json!([rule(&["CREATE"], &["sandboxes"])])),
+            sandboxes,
             token_callers,
         ],
     });
@@ -219,4 +234,8 @@ fn register(cp: &ControlPlane, port: u16, opts: &WebhookOptions) -> Result<()> {
 
 /// Which requests the token-callers webhook sees: those of a session
 /// token's identity (the chart's matchCondition too).
+/// The Sandbox writes the webhook sees: creates, and ends (an update to
+/// `state: Ended`, a delete), which it announces to the command decider.
+pub const SANDBOX_CREATE_OR_END_CONDITION: &str = "request.operation == 'CREATE' || request.operation == 'DELETE' || (has(object.spec.state) && object.spec.state == 'Ended' && !(has(oldObject.spec.state) && oldObject.spec.state == 'Ended'))";
+
 pub const TOKEN_CALLER_CONDITION: &str = "request.userInfo.username.startsWith('hangar:token:') || (has(request.userInfo.groups) && 'hangar:session-tokens' in request.userInfo.groups)";

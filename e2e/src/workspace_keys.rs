@@ -48,6 +48,28 @@ impl KeyClient {
     pub async fn ask(&self, body: &Value) -> (u16, Option<Zeroizing<Vec<u8>>>) {
         self.ask_raw(serde_json::to_vec(body).expect("json")).await
     }
+
+    /// The node service's answer to a request for the commands of
+    /// `namespace`/`sandbox` with bearer `token`: the status and, on 200,
+    /// the commands (asked without a version: answered at once).
+    pub async fn node_commands(
+        &self,
+        token: Option<&str>,
+        namespace: &str,
+        sandbox: &str,
+    ) -> (u16, Option<hangar_crds::node_commands::NodeCommands>) {
+        let mut req = self
+            .http
+            // Kubernetes names need no escaping in a query.
+            .get(format!("{}{}?namespace={namespace}&sandbox={sandbox}", self.url, hangar_crds::node_commands::PATH));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        let r = req.send().await.expect("node commands request");
+        let status = r.status().as_u16();
+        let body = if status == 200 { Some(r.json().await.expect("node commands json")) } else { None };
+        (status, body)
+    }
 }
 
 /// A key request for `sandbox`'s session with `identity`'s document signed

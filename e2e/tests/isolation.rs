@@ -568,7 +568,9 @@ async fn a_compromised_worker_writes_nothing_of_another_session() {
     let n_victim: Api<Command> = Api::namespaced(as_node.clone(), "iso-node-a");
     policy("RBAC: list the victim's commands as its node's account", n_victim.list(&ListParams::default()).await);
     let n_own: Api<Command> = Api::namespaced(as_node, "iso-node-b");
-    assert!(n_own.list(&ListParams::default()).await.is_ok(), "its own session's commands it reads");
+    // Nor its own namespace's: other sessions may share it (see
+    // `a_session_node_reads_only_its_own_sessions_commands`).
+    policy("RBAC: list its own namespace's commands", n_own.list(&ListParams::default()).await);
 
     // Command status: the victim's (as itself and as its node's account),
     // and moving its own command to the victim's node.
@@ -893,4 +895,74 @@ async fn metrics_are_read_only_with_a_token_rbac_allows() {
     assert!(stack.operator().metrics().contains("hangar_reconciles_total"), "the scraper reads the operator");
     assert!(stack.webhook.metrics().contains("hangar_webhook_"), "the scraper reads the webhook");
     assert!(stack.gateway.metrics().contains("hangar_gateway_"), "the scraper reads the gateway");
+}
+
+/// Two sessions of one namespace: the node of one holds no right to read
+/// any Command in the apiserver (RBAC cannot narrow a list to one
+/// session's), and the operator's node service serves it its own
+/// session's commands and nothing of the other's, whatever it names; no
+/// other identity is served at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_node_reads_only_its_own_sessions_commands() {
+    use hangar_e2e::workspace_keys::KeyClient;
+    let stack = shared_stack();
+    let ns = "iso-shared-ns";
+    let (admin, victim_id) = victim(stack, ns).await;
+    let victim_cmds: Api<Command> = Api::namespaced(admin.clone(), ns);
+    let mut secret = sh("secret", "box", "echo $TOKEN");
+    secret.spec.env = vec![hangar_crds::command::EnvVar { name: "TOKEN".into(), value: "victim-argv-secret".into() }];
+    cmds::create(&victim_cmds, &secret).await;
+    wait_command_phase(stack, &victim_cmds, "secret", CommandPhase::Exited).await;
+
+    // The attacker: a second session in the same namespace, its node taken.
+    let boxes: Api<Sandbox> = Api::namespaced(admin.clone(), ns);
+    boxes.create(&PostParams::default(), &sessions::sandbox("other", "commands", json!({}))).await.unwrap();
+    let attacker_box = wait_phase(stack, &boxes, "other", Phase::Running).await;
+    cmds::create(&victim_cmds, &sh("mine", "other", "echo attacker")).await;
+    // Its worker still runs its commands, read through the node service.
+    wait_command_phase(stack, &victim_cmds, "mine", CommandPhase::Exited).await;
+    let before = snapshot(&admin, ns, &victim_id).await;
+    let (worker, own_node) = worker_of(stack, &attacker_box).await;
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(worker, SYSTEM_NAMESPACE);
+    let admin_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let own = admin_nodes.get(&own_node).await.unwrap();
+    let bound: k8s_openapi::api::authentication::v1::TokenRequest = serde_json::from_value(
+        json!({"spec": {"boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": own_node, "uid": own.uid()}}}),
+    )
+    .unwrap();
+    let account = hangar_crds::worker_identity::account_name(&own_node);
+    let minted = accounts.create_token_request(&account, &PostParams::default(), &bound).await;
+    let token = minted.expect("its own node's account").status.and_then(|s| s.token).unwrap();
+    let as_node: Api<Command> = Api::namespaced(stack.cp.client_as(&token).await.unwrap(), ns);
+
+    // The apiserver: no read of any Command, its session's neighbour's by
+    // name and through the status subresource included.
+    policy("RBAC: list the namespace's commands", as_node.list(&ListParams::default()).await);
+    policy("RBAC: watch the namespace's commands", as_node.watch(&Default::default(), "0").await.map(|_| ()));
+    policy("RBAC: get the neighbour's command", as_node.get("secret").await);
+    policy("RBAC: get the neighbour's command by its status", as_node.get_status("secret").await);
+    policy("RBAC: get its own command", as_node.get("mine").await);
+
+    // The node service: its own session's commands, nothing else.
+    let node_service = KeyClient::new(stack);
+    let (status, own_cmds) = node_service.node_commands(Some(&token), ns, "other").await;
+    assert_eq!(status, 200, "its own session's commands");
+    let names: Vec<String> = own_cmds.unwrap().commands.iter().map(|c| c.name_any()).collect();
+    assert_eq!(names, ["mine"], "only its own session's, none of the neighbour's");
+    let (status, body) = node_service.node_commands(Some(&token), ns, "box").await;
+    assert_eq!((status, body.is_some()), (403, false), "the neighbour's commands, named");
+    let (status, _) = node_service.node_commands(Some(&token), "iso-node-a", "box").await;
+    assert_eq!(status, 403, "another namespace's session, named");
+    let (status, _) = node_service.node_commands(None, ns, "box").await;
+    assert_eq!(status, 401, "no token");
+    let (status, _) = node_service.node_commands(Some("made-up"), ns, "box").await;
+    assert_eq!(status, 401, "a made-up token");
+    let tenant = member_token(&stack.cp, ns, "tenant-admin", "get,list,watch,create,update,patch,delete");
+    let (status, _) = node_service.node_commands(Some(&tenant), ns, "box").await;
+    assert_eq!(status, 403, "the tenant's own token is no node's");
+    let pod = member_token(&stack.cp, ns, "some-pod", "");
+    let (status, _) = node_service.node_commands(Some(&pod), ns, "other").await;
+    assert_eq!(status, 403, "a pod's ServiceAccount");
+
+    assert_eq!(snapshot(&admin, ns, &victim_id).await, before, "the victim's objects are unchanged");
 }

@@ -34,6 +34,7 @@ async fn the_webhook_rotates_its_certificate_without_refusing_an_admission() {
         cert_check_seconds: 1,
         namespaces: Some(vec![ns.into()]),
         log: "webhook-rotation.log".into(),
+        decider: Some(stack.key_service.decider_for_webhook(&stack.cp, stack.cp.dir()).expect("a webhook token")),
     };
     let webhook = WebhookProcess::start_with(&stack.cp, opts).expect("the rotating webhook");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);

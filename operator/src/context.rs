@@ -45,6 +45,13 @@ pub struct Context {
     pub preflights: Arc<crate::images::preflights::Preflights>,
     /// The public keys template releases are signed with.
     pub trusted_keys: hangar_keys::template_signing::TrustedKeys,
+    /// The Sandbox controller's cache, once it runs.
+    pub sandboxes: std::sync::OnceLock<Store<hangar_crds::Sandbox>>,
+    /// Unix seconds when this process began to lead: a command stored
+    /// before then without a written place was admitted by a leader before.
+    pub leading_since: i64,
+    /// Wakes the session nodes waiting on their session's commands.
+    pub commands_feed: crate::node::commands_feed::Changes,
 }
 
 impl Context {

@@ -144,6 +144,9 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         tokens: Default::default(),
         preflights,
         trusted_keys,
+        commands_feed: Default::default(),
+        sandboxes: Default::default(),
+        leading_since: k8s_openapi::jiff::Timestamp::now().as_second(),
     });
     if let Some(listen) = &settings.workspace_key_listen {
         let missing = |what: &str| format!("--workspace-key-listen needs {what}");

@@ -30,6 +30,9 @@ pub struct Metrics {
     /// Key Secrets found under a session's name that hangar did not make
     /// (they do not open under the organisation key for that session).
     pub foreign_key_secrets: Counter,
+    /// Session nodes' requests for commands refused (another session's,
+    /// or not a node account).
+    pub node_commands_refused: Counter,
     /// Workspace key requests by result: `granted` or the refusal's reason.
     workspace_key_requests: Family<Vec<(String, String)>, Counter>,
     /// Key request received → key sent, for granted ones.
@@ -86,6 +89,7 @@ impl Default for Metrics {
             watched_instances: Gauge::default(),
             image_preflight_checks: Counter::default(),
             foreign_key_secrets: Counter::default(),
+            node_commands_refused: Counter::default(),
             workspace_key_requests: Family::default(),
             workspace_key_handover: Histogram::new(latency_buckets()),
             node_ready_to_running: Histogram::new(latency_buckets()),
@@ -113,6 +117,11 @@ impl Metrics {
             "foreign_key_secrets",
             "Session key Secrets hangar did not make, found and refused",
             self.foreign_key_secrets.clone(),
+        );
+        registry.register(
+            "node_commands_refused",
+            "Requests for a session's commands refused (not that session's node)",
+            self.node_commands_refused.clone(),
         );
         registry.register(
             "workspace_key_requests",

@@ -148,9 +148,16 @@ pub struct Settings {
     /// pair).
     #[arg(long = "template-key", env = "HANGAR_TEMPLATE_KEYS", value_delimiter = ',', value_parser = parse_pair)]
     pub template_keys: Vec<(String, String)>,
-    /// Where the workspace key service listens (TLS): the workers of the
-    /// session nodes ask it for their session's key. Unset: no service,
-    /// and workers wait for one.
+    /// Who may ask the leader for command admission decisions and announce
+    /// ends (the node service's `/v1/admission/...` routes): the admission
+    /// webhook's username(s), e.g.
+    /// `system:serviceaccount:hangar-system:hangar-webhook`.
+    #[arg(long = "admission-caller", env = "HANGAR_ADMISSION_CALLERS", value_delimiter = ',')]
+    pub admission_callers: Vec<String>,
+    /// Where the node service listens (TLS): the workers of the session
+    /// nodes ask it for their session's key and commands, the admission
+    /// webhook for command admission decisions. Unset: no service, and
+    /// workers and the webhook wait for one.
     #[arg(long, env = "HANGAR_WORKSPACE_KEY_LISTEN")]
     pub workspace_key_listen: Option<String>,
     /// The key service's serving certificate and key (PEM files).

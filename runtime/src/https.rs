@@ -90,6 +90,24 @@ fn builder(
     Ok(builder)
 }
 
+/// A client configuration that trusts only the CAs in PEM `ca` (a
+/// component calling another's TLS listener: the worker and the webhook
+/// calling the operator's node service).
+pub fn client_config_trusting(ca: &[u8]) -> Result<rustls::ClientConfig, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.map_err(|source| TlsError::Pem { path: "(CA)".into(), source })?)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::ClientCa("no certificate in the CA file".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 fn pem(p: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + '_ {
     move |source| TlsError::Pem { path: p.display().to_string(), source }
 }

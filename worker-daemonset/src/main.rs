@@ -162,7 +162,8 @@ async fn session_of_node(client: &Client, node_name: &str) -> Result<(String, St
 const SESSION_TOKEN_SECONDS: i64 = 8 * 24 * 3600;
 
 /// A client as the node's account, with a token minted for it and bound to
-/// the node (so it names the node, and dies with it). The operator makes
+/// the node (so it names the node, and dies with it); and the token, which
+/// the operator's node service also takes. The operator makes
 /// the account before it labels the node, so it exists by now; an
 /// apiserver not answering is tried again.
 async fn session_client(
@@ -170,7 +171,7 @@ async fn session_client(
     client: &Client,
     config: &Config,
     node_uid: &str,
-) -> Result<Client, Error> {
+) -> Result<(Client, String), Error> {
     use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &config.system_namespace);
@@ -186,8 +187,9 @@ async fn session_client(
     })
     .await;
     let mut session = base.clone();
-    session.auth_info = kube::config::AuthInfo { token: Some(token.into_boxed_str().into()), ..Default::default() };
-    Ok(Client::try_from(session)?)
+    session.auth_info =
+        kube::config::AuthInfo { token: Some(token.clone().into_boxed_str().into()), ..Default::default() };
+    Ok((Client::try_from(session)?, token))
 }
 
 async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
@@ -202,7 +204,7 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     let readiness = admin::start_on_loopback(admin_listen, registry, Default::default()).await.map_err(Error::Admin)?;
     let (ns, name, bound_id, node_uid) = session_of_node(&client, &config.node_name).await?;
     tracing::info!(node = %config.node_name, %ns, sandbox = %name, session_id = %bound_id, "serving session");
-    let session = session_client(&base, &client, &config, &node_uid).await?;
+    let (session, session_token) = session_client(&base, &client, &config, &node_uid).await?;
     readiness.set_ready();
     let sandboxes: Api<Sandbox> = Api::namespaced(session.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &config.system_namespace);
@@ -220,6 +222,7 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     })
     .await;
     let keys = workspace_key::KeySource::from_env()?;
+    let feed = commands::feed::CommandsFeed::new(keys.node_service(), session_token, &ns, &name);
     let session_ref = workspace_key::SessionRef { namespace: &ns, sandbox: &name, session_id: &session_id };
     let key = keys.fetch_until_granted(&session_ref).await;
     let backing = workspace::Backing {
@@ -279,7 +282,8 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
                 socket: config.socket.clone(),
                 metrics: metrics.clone(),
             };
-            let (runner, incoming) = commands::Runner::new(session.clone(), client.clone(), rc, drained_tx.clone());
+            let (runner, incoming) =
+                commands::Runner::new(session.clone(), feed.clone(), client.clone(), rc, drained_tx.clone());
             tokio::spawn(runner.run(incoming, state_rx.clone()));
             runner_started = true;
         }

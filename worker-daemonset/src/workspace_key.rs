@@ -134,6 +134,12 @@ impl KeySource {
         Ok(bytes)
     }
 
+    /// The operator's node service (its URL and a client that trusts only
+    /// its CA), where the worker also reads its session's commands.
+    pub fn node_service(&self) -> (String, reqwest::Client) {
+        (self.service.clone(), self.service_client.clone())
+    }
+
     /// Asks until the key comes: the operator may not yet see this boot
     /// (its describe, the Sandbox's instance), or may be changing leader.
     pub async fn fetch_until_granted(&self, session: &SessionRef<'_>) -> Zeroizing<Vec<u8>> {
@@ -151,21 +157,7 @@ impl KeySource {
 
 /// A client that trusts only the CAs in `pem`.
 fn tls_client(pem: &[u8]) -> Result<reqwest::Client, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        roots.add(cert.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    }
-    if roots.is_empty() {
-        return Err("no certificate in it".into());
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let tls = hangar_runtime::https::client_config_trusting(pem).map_err(|e| e.to_string())?;
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .timeout(Duration::from_secs(10))

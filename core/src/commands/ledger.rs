@@ -6,8 +6,12 @@
 //! session's uid (not its name, so a re-created Sandbox of the same name
 //! starts a new ledger and never sees the old session's commands).
 //!
-//! - The admission webhook adds an entry for each admitted create (the
-//!   apiserver gives the object its uid before validating admission).
+//! - The operator's leader decides each create (the webhook asks it) and
+//!   adds an entry for each admitted one, in its memory: the apiserver gives
+//!   the object its uid before validating admission, and the entry is
+//!   written with the command's number once the command is stored. A live
+//!   command of the session the ledger does not hold (admitted by a leader
+//!   that stopped before it wrote) counts all the same.
 //! - An entry whose command never appeared within [`PENDING_GRACE_SECONDS`]
 //!   (the create failed after admission: an existing name, a later
 //!   refusal) is released.
@@ -78,6 +82,9 @@ pub struct Live {
     pub finished: bool,
     /// Unix seconds of creation: numbers follow creation order.
     pub created: i64,
+    /// The session it was numbered for (`status.sandboxUid`); `None` before
+    /// its number.
+    pub session_uid: Option<String>,
 }
 
 impl Live {
@@ -87,6 +94,7 @@ impl Live {
             name: c.metadata.name.clone().unwrap_or_default(),
             finished: c.status.as_ref().and_then(|s| s.phase).is_some_and(hangar_crds::CommandPhase::is_final),
             created: c.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second()),
+            session_uid: c.status.as_ref().and_then(|s| s.sandbox_uid.clone()),
         }
     }
 }
@@ -131,10 +139,18 @@ impl Ledger {
     /// unnumbered ones whose command exists or may still appear;
     /// unfinished are those whose command exists and has not finished, and
     /// those that may still appear. A deleted command is no longer
-    /// unfinished but stays admitted once it had a number.
+    /// unfinished but stays admitted once it had a number. A command not
+    /// numbered yet and not finished that the ledger does not hold counts
+    /// as admitted and unfinished: its reservation was never written (or
+    /// it was never admitted, and numbering cancels it), and a limit must
+    /// never stretch.
     pub fn counts(&self, live: &[Live], now: i64) -> Counts {
-        let live: HashMap<&str, &Live> = live.iter().map(|l| (l.uid.as_str(), l)).collect();
         let mut counts = Counts::default();
+        let unrecorded =
+            live.iter().filter(|l| self.entry(&l.uid).is_none() && l.session_uid.is_none() && !l.finished).count();
+        counts.admitted += unrecorded as i64;
+        counts.unfinished += unrecorded as i64;
+        let live: HashMap<&str, &Live> = live.iter().map(|l| (l.uid.as_str(), l)).collect();
         for e in &self.entries {
             let command = live.get(e.uid.as_str());
             if e.number.is_some() || command.is_some() || e.pending_at(now) {
@@ -172,6 +188,30 @@ impl Ledger {
             .iter()
             .any(|e| e.name == create.name && !live_uids.contains(e.uid.as_str()) && e.pending_at(now));
         (name_live || name_pending).then_some(Place::NameTaken)
+    }
+
+    /// Takes in a command stored without a written place (admitted by a
+    /// leader that stopped before it wrote one) if the limits have room for
+    /// it, counted on the ledger's own commands (not the other strays: the
+    /// caller adopts them oldest first); false when they do not (it is then
+    /// never run).
+    pub fn adopt(&mut self, command: &Live, live: &[Live], now: i64) -> bool {
+        let others: Vec<Live> = live
+            .iter()
+            .filter(|l| l.uid != command.uid && (self.entry(&l.uid).is_some() || l.session_uid.is_some()))
+            .cloned()
+            .collect();
+        if super::limits::room_for_one_more("", self.counts(&others, now)).is_err() {
+            return false;
+        }
+        self.entries.push(Entry {
+            uid: command.uid.clone(),
+            name: command.name.clone(),
+            admitted_at: now,
+            number: None,
+            sender: None,
+        });
+        true
     }
 
     /// Adds the reservation of an admitted create.
@@ -215,7 +255,7 @@ mod tests {
     use super::*;
 
     fn live(uid: &str, name: &str, finished: bool) -> Live {
-        Live { uid: uid.into(), name: name.into(), finished, created: 0 }
+        Live { uid: uid.into(), name: name.into(), finished, created: 0, session_uid: Some("s".into()) }
     }
 
     fn create(uid: &str, name: &str) -> Create {
@@ -283,6 +323,40 @@ mod tests {
         // A numbered entry is never rebound.
         let mut l = ledger(&[("u1", "a", 0, Some(1))]);
         assert!(!l.bind(&[live("u2", "a", false)]));
+    }
+
+    #[test]
+    fn an_unrecorded_unnumbered_command_counts_and_an_earlier_sessions_does_not() {
+        let l = ledger(&[("u1", "a", 0, Some(1))]);
+        let unrecorded = Live { uid: "u2".into(), name: "b".into(), finished: false, created: 0, session_uid: None };
+        let earlier =
+            Live { session_uid: Some("old".into()), uid: "u3".into(), name: "c".into(), ..unrecorded.clone() };
+        let settled = Live { finished: true, uid: "u4".into(), name: "d".into(), ..unrecorded.clone() };
+        let counts = l.counts(&[live("u1", "a", false), unrecorded, earlier, settled], 1000);
+        assert_eq!(counts, Counts { admitted: 2, unfinished: 2 });
+    }
+
+    #[test]
+    fn an_unrecorded_command_is_adopted_only_while_the_limits_have_room() {
+        let stray =
+            |uid: &str| Live { uid: uid.into(), name: uid.into(), finished: false, created: 0, session_uid: None };
+        // 63 unfinished and numbered: room for one more, not two.
+        let mut l = Ledger {
+            entries: (1..=63)
+                .map(|n| Entry {
+                    uid: format!("n{n}"),
+                    name: format!("n{n}"),
+                    admitted_at: 0,
+                    number: Some(n),
+                    sender: None,
+                })
+                .collect(),
+        };
+        let mut live: Vec<Live> = (1..=63).map(|n| live(&format!("n{n}"), &format!("n{n}"), false)).collect();
+        live.extend([stray("x"), stray("y")]);
+        assert!(l.adopt(&live[63].clone(), &live, 1000));
+        assert!(!l.adopt(&live[64].clone(), &live, 1000), "the 65th unfinished is never run");
+        assert!(l.entry("x").is_some() && l.entry("y").is_none());
     }
 
     #[test]

@@ -44,7 +44,7 @@ mod tests {
     }
 
     fn live(uid: &str, created: i64) -> Live {
-        Live { uid: uid.into(), name: uid.into(), finished: false, created }
+        Live { uid: uid.into(), name: uid.into(), finished: false, created, session_uid: None }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Admission benchmark (`make bench`): how fast the admission webhook
 //! answers a burst of Command creates for one session, with the limits
-//! exact. Runs a control plane and the webhook only (a Sandbox without a
-//! status has not ended, so its commands are admitted and stay queued).
+//! exact. Runs the local stack: the webhook asks the operator's leader,
+//! which decides on the session's ledger in its memory.
 //!
 //! - baseline: one Command create at a time (the apiserver round trip with
 //!   one admission), median of 20;
 //! - burst: 64 creates for one new session sent at once, time until the
 //!   last is answered; the 65th then is refused (`sandbox_command_limit`).
+//!   They sleep, so all 64 stay unfinished.
 //!
 //! - steady rate: reviews sent straight to the webhook at 200 per second
 //!   for 10 s (as the apiserver sends them, with its admission client
@@ -27,7 +28,7 @@ use hangar_e2e::ControlPlane;
 use hangar_e2e::bench::pct;
 use hangar_e2e::commands::sh;
 use hangar_e2e::sessions::{self, ensure_namespace};
-use hangar_e2e::webhook::WebhookProcess;
+use hangar_e2e::stack::{LocalStack, StackOptions};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -48,19 +49,19 @@ fn main() {
     let arg = |n: usize, default: u64| std::env::args().nth(n).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (runs, rate, seconds) = (arg(1, 7) as usize, arg(2, 200), arg(3, 10));
     let cp = ControlPlane::start().expect("control plane");
-    // Its reviews are sent straight to it by a client trusting the local CA.
-    let webhook = WebhookProcess::start_with_files(&cp).expect("webhook");
+    // The whole stack: the operator's leader decides what the webhook
+    // asks. Workers renew their heartbeat every 10 s, as in production.
+    let opts = StackOptions { worker_heartbeat_ms: Some(10_000), ..Default::default() };
+    let stack = LocalStack::start(cp, opts).expect("local stack");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    rt.block_on(run(&cp, runs));
-    rt.block_on(steady(&cp, &webhook, rate, seconds, false));
-    rt.block_on(steady(&cp, &webhook, rate, seconds, true));
+    rt.block_on(run(&stack, runs));
+    rt.block_on(steady(&stack, rate, seconds, false));
+    rt.block_on(steady(&stack, rate, seconds, true));
 }
 
-async fn run(cp: &ControlPlane, runs: usize) {
-    let client = cp.client().await.unwrap();
+async fn run(stack: &LocalStack, runs: usize) {
+    let client = stack.cp.client().await.unwrap();
     ensure_namespace(&client, NS).await;
-    // The sessions' command ledgers live in the operator's namespace.
-    ensure_namespace(&client, hangar_e2e::operator::SYSTEM_NAMESPACE).await;
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), NS);
     let commands: Api<Command> = Api::namespaced(client.clone(), NS);
     let load_before = load_average();
@@ -79,7 +80,7 @@ async fn run(cp: &ControlPlane, runs: usize) {
         boxes.create(&PostParams::default(), &sessions::sandbox(&name, "commands", json!({}))).await.unwrap();
         let started = Instant::now();
         let answers = join_all((0..BURST).map(|i| {
-            let (commands, cmd) = (commands.clone(), sh(&format!("{name}-{i}"), &name, "true"));
+            let (commands, cmd) = (commands.clone(), sh(&format!("{name}-{i}"), &name, "exec sleep 600"));
             async move { commands.create(&PostParams::default(), &cmd).await }
         }))
         .await;
@@ -96,7 +97,7 @@ async fn run(cp: &ControlPlane, runs: usize) {
     let burst = pct(bursts.clone(), 0.5);
     println!();
     println!(
-        "hangar admission benchmark: control plane + webhook, 2 cores, load average {load_before} before, {load_after} after"
+        "hangar admission benchmark: the local stack, 2 cores, load average {load_before} before, {load_after} after"
     );
     println!();
     println!("| figure | median | max | runs | ratio to one create | target |");
@@ -134,8 +135,9 @@ async fn issued_token(client: &kube::Client, s: &Sandbox, name: &str) {
     tokens.patch_status(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status)).await.unwrap();
 }
 
-async fn steady(cp: &ControlPlane, webhook: &WebhookProcess, rate: u64, seconds: u64, as_tokens: bool) {
+async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     const SESSIONS: usize = 40;
+    let (cp, webhook) = (&stack.cp, &stack.webhook);
     let client = cp.client().await.unwrap();
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), NS);
     let prefix = if as_tokens { "steady-tok" } else { "steady" };
@@ -148,12 +150,16 @@ async fn steady(cp: &ControlPlane, webhook: &WebhookProcess, rate: u64, seconds:
             issued_token(&client, &s, &format!("tok-{i}")).await;
         }
     }
-    // The webhook's caches see the tokens before the first review.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Measured once every session runs (its launch is no longer load).
+    for i in 0..SESSIONS {
+        sessions::wait_phase(stack, &boxes, &format!("{prefix}-{i}"), hangar_crds::Phase::Running).await;
+    }
     let pki = &cp.pki;
     let (cert, key) =
         (std::fs::read(&pki.admission_client_cert).unwrap(), std::fs::read(&pki.admission_client_key).unwrap());
-    let http = hangar_e2e::gateway::https_client(cp, Some((&cert, &key)));
+    // The webhook's own certificate's CA, as the apiserver trusts it.
+    let ca = webhook.ca_bundle(cp).await;
+    let http = hangar_e2e::gateway::https_client_trusting(&ca, Some((&cert, &key)));
     let url = format!("https://127.0.0.1:{}/validate/commands", webhook.port);
     let review = |i: u64| {
         let session = i as usize % SESSIONS;

@@ -7,11 +7,13 @@
 //! worker starts a queued command the same way, so a command is either
 //! cancelled before it starts or started before it is cancelled, never both.
 
+pub mod admission;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use hangar_core::commands::ledger::{self, Ledger, Live};
+use hangar_core::commands::ledger::{Ledger, Live};
 use hangar_core::commands::numbering;
 use hangar_core::tokens::scope;
 use hangar_crds::{Command, CommandPhase, Sandbox, SessionToken, job_id};
@@ -25,7 +27,6 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tracing::{Instrument, info_span, warn};
 
-use hangar_runtime::json_document;
 use hangar_runtime::kube_ext::{Swap, swap_status, try_swap_status};
 
 use crate::context::Context;
@@ -90,11 +91,14 @@ async fn reconcile(command: Arc<Command>, ctx: Arc<Context>, serves: bool) -> Re
 /// Numbers every unnumbered command of one session, oldest first: in the
 /// session's ledger first, then on the commands (a crash between the two
 /// repeats the copy, not the choice). A command the ledger does not hold
-/// was never admitted for this session (created while no webhook answered,
-/// or for a session that has ended): it ends `cancelled` and never runs.
+/// and that was created before this process led was admitted by the leader
+/// before it, which stopped before it wrote the place: it is taken in while
+/// the limits have room. Any other command the ledger does not hold was
+/// never admitted for this session (created while no webhook answered, or
+/// for a session that has ended): it ends `cancelled` and never runs.
 async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &str) -> Result<Requeue> {
     let lock = ctx.numbering.lock_for(&format!("{ns}/{sandbox}"));
-    let _guard = lock.lock().await;
+    let mut held = lock.lock().await;
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), ns);
     let Some(session) = sandboxes.get_opt(sandbox).await? else {
         // The admission webhook refuses these; without it, wait for the
@@ -102,21 +106,28 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
         return Ok(Requeue::requeue(Duration::from_secs(5)));
     };
     let session_id = session.uid().unwrap_or_default();
-    // The list before the ledger: a command's place is in the ledger
-    // before the command exists, so a ledger read after the list holds
-    // every command in it.
+    // The ledger before the list: a command's place is in the ledger (in
+    // memory, under this lock) before the command exists, so the list
+    // shows every command that holds a place, and nothing is admitted
+    // while the lock is held.
+    held.load(ctx, &session_id).await?;
     let list = api.list(&ListParams::default().fields(&format!("spec.sandbox={sandbox}"))).await?.items;
-    let ledgers = crate::command_ledger::api(ctx);
-    let doc = ledger::document_name(&session_id);
-    let stored: json_document::Read<Ledger> = json_document::read(&ledgers, &doc).await?;
     let mine: Vec<&Command> = list.iter().filter(|c| c.belongs_to(&session)).collect();
     let live: Vec<Live> = mine.iter().map(|c| Live::of(c)).collect();
-    let mut next = stored.document.clone();
+    let mut next: Ledger = held.current.clone();
     let bound = next.bind(&live);
-    if (numbering::assign(&mut next, &live) || bound)
-        && json_document::write(&ledgers, &doc, ledger::document_labels(&session_id), &stored, &next).await?.is_none()
-    {
-        // The webhook reserved a place meanwhile: read again.
+    let now_s = Timestamp::now().as_second();
+    let mut adopted = false;
+    let mut strays: Vec<&Live> = live
+        .iter()
+        .filter(|l| next.entry(&l.uid).is_none() && l.session_uid.is_none() && l.created <= ctx.leading_since)
+        .collect();
+    strays.sort_by_key(|l| (l.created, l.name.clone()));
+    for l in strays {
+        adopted |= next.adopt(l, &live, now_s);
+    }
+    if (numbering::assign(&mut next, &live) || bound || adopted) && !held.store(ctx, &session_id, next.clone()).await? {
+        // Another writer changed it: decide again on what it holds now.
         return Ok(Requeue::requeue(Duration::from_millis(20)));
     }
     let node = session.status.as_ref().and_then(|s| s.node_name.clone());
@@ -130,7 +141,9 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
         let now = Time(Timestamp::now());
         let finished = c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final);
         let entry = next.entry(&c.uid().unwrap_or_default());
-        let sender = entry.and_then(|e| e.sender.clone());
+        // The apiserver's own record of who created it; the ledger's for a
+        // command made before the chart's sender policy.
+        let sender = c.sender().map(str::to_owned).or_else(|| entry.and_then(|e| e.sender.clone()));
         let token_ended = match &sender {
             Some(s) => sender_token_ended(ctx, ns, s).await?,
             None => false,

@@ -154,6 +154,8 @@ async fn after_the_end(
 ) -> Result<Requeue> {
     let left = crate::output_retention::enforce(ctx, sandbox, status).await?;
     crate::command_ledger::forget(ctx, session_id).await?;
+    // (No Sandbox of this name can follow before the finalizer goes.)
+    ctx.numbering.forget(&format!("{}/{}", sandbox.namespace().unwrap_or_default(), sandbox.name_any()));
     finalizer::remove_finalizer(api, sandbox).await?;
     Ok(left.map(|d| Requeue::requeue(d + Duration::from_millis(100))).unwrap_or_else(Requeue::await_change))
 }

@@ -43,7 +43,18 @@ pub async fn run(
     )
     .default_backoff()
     .applied_objects();
+    let feed = ctx.clone();
     let commands = reflector(command_writer, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()))
+        // After the cache has the change: the nodes waiting on their
+        // session's commands read it at once.
+        .inspect(move |ev| match ev {
+            Ok(watcher::Event::Apply(c) | watcher::Event::Delete(c)) => {
+                feed.commands_feed.changed(c.metadata.namespace.as_deref().unwrap_or_default(), &c.spec.sandbox);
+            }
+            // A relist replaces the whole cache at its end.
+            Ok(watcher::Event::InitDone) => feed.commands_feed.changed_all(),
+            _ => {}
+        })
         .default_backoff()
         .applied_objects();
     let pods = watcher(
@@ -60,7 +71,10 @@ pub async fn run(
     // "last watch event → running" figure.
     let (m1, m2, m3) = (ctx.clone(), ctx.clone(), ctx.clone());
 
-    Controller::new(sandboxes, watcher::Config::default().any_semantic())
+    let controller = Controller::new(sandboxes, watcher::Config::default().any_semantic());
+    // Command admission reads the Sandboxes from the same cache.
+    let _ = ctx.sandboxes.set(controller.store());
+    controller
         .watches_stream(pods, move |pod: Pod| {
             let ns = pod.namespace()?;
             let name = pod.labels().get(SESSION_LABEL)?.clone();

@@ -2,5 +2,6 @@
 //! of the worker there.
 
 pub mod agent_pod;
+pub mod commands_feed;
 pub mod labels;
 pub mod worker_account;

@@ -39,6 +39,11 @@ const MAX_BODY: usize = 16 * 1024;
 
 pub struct KeyService {
     ctx: Arc<Context>,
+    /// The node service's other routes: a session's commands for its
+    /// node, and command admission for the webhook; callers proven by
+    /// their tokens.
+    commands: crate::node::commands_feed::CommandsFeed,
+    auth: Arc<hangar_runtime::delegated_auth::DelegatedAuth>,
     regional: RegionalCertificate,
     nonces: Nonces,
 }
@@ -55,7 +60,10 @@ enum HandOverError {
 
 impl KeyService {
     pub fn new(ctx: Arc<Context>, regional: RegionalCertificate) -> Arc<Self> {
-        Arc::new(Self { ctx, regional, nonces: Nonces::default() })
+        let rate = std::num::NonZeroU32::new(50).expect("non-zero");
+        let auth = Arc::new(hangar_runtime::delegated_auth::DelegatedAuth::new(ctx.client.clone(), None, rate));
+        let commands = crate::node::commands_feed::CommandsFeed::new(ctx.clone(), auth.clone());
+        Arc::new(Self { ctx, regional, nonces: Nonces::default(), commands, auth })
     }
 
     /// Serves until the process ends.
@@ -99,6 +107,13 @@ impl KeyService {
                         error(StatusCode::SERVICE_UNAVAILABLE, "unavailable")
                     }
                 }
+            }
+            (&Method::GET, hangar_crds::node_commands::PATH) => self.commands.handle(req).await,
+            (&Method::POST, hangar_crds::command_admission::PATH) => {
+                crate::commands::admission::service::decide(&self.ctx, &self.auth, req).await
+            }
+            (&Method::POST, hangar_crds::command_admission::ENDING_PATH) => {
+                crate::commands::admission::service::ending(&self.ctx, &self.auth, req).await
             }
             _ => error(StatusCode::NOT_FOUND, "not_found"),
         }
@@ -165,7 +180,7 @@ impl KeyService {
     }
 }
 
-fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     Response::builder()
         .status(status)
@@ -175,6 +190,6 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Byte
         .unwrap_or_default()
 }
 
-fn error(status: StatusCode, code: &str) -> Response<Full<Bytes>> {
+pub(crate) fn error(status: StatusCode, code: &str) -> Response<Full<Bytes>> {
     json(status, &serde_json::json!({ "error": code }))
 }

@@ -26,10 +26,10 @@ pub enum AdmissionError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("the command ledger: {0}")]
-    Ledger(#[from] hangar_runtime::json_document::DocumentError),
+    #[error("the command decider (the operator's leader): {0}")]
+    Decider(String),
+    #[error("the command decider (the operator's leader): {0}")]
+    DeciderHttp(#[from] reqwest::Error),
     #[error("the Sandbox or Command watch ended before its first list")]
     CacheNotReady,
-    #[error("too many concurrent admissions for one session; try again")]
-    Contended,
 }

@@ -76,9 +76,24 @@ struct Settings {
     admin_listen: SocketAddr,
     #[command(flatten)]
     metrics: admin::MetricsArgs,
-    /// Namespace of the operator, where the session command ledgers are kept.
+    /// Namespace of the operator (the webhook's own certificate Secret).
     #[arg(long, env = "POD_NAMESPACE", default_value = "hangar-system")]
     system_namespace: String,
+    /// The operator's node service, where the leader decides command
+    /// admissions (e.g. `https://hangar-operator-keys.hangar-system:8444`).
+    /// Unset: no command can be admitted (every create is refused).
+    #[arg(long, env = "HANGAR_OPERATOR_URL")]
+    operator_url: Option<String>,
+    /// PEM CA of the node service's certificate (nothing else is trusted).
+    #[arg(long, env = "HANGAR_OPERATOR_CA")]
+    operator_ca: Option<PathBuf>,
+    /// This webhook's ServiceAccount token, shown to the operator.
+    #[arg(
+        long,
+        env = "HANGAR_OPERATOR_TOKEN_FILE",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )]
+    operator_token_file: PathBuf,
     /// Public keys trusted to sign template releases, `name=<base64 Ed25519
     /// public key>` (the operator's own list).
     #[arg(long = "template-key", env = "HANGAR_TEMPLATE_KEYS", value_delimiter = ',', value_parser = parse_pair)]
@@ -153,7 +168,18 @@ async fn run(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let readiness = admin::start_health(settings.admin_listen).await?;
     admin::start_metrics(&settings.metrics, client.clone(), registry, Default::default()).await?;
     let caches = caches::Caches::start(&client).await?;
-    let commands = commands::CommandAdmission::new(client.clone(), &caches, &settings.system_namespace);
+    let decider = match (&settings.operator_url, &settings.operator_ca) {
+        (Some(url), Some(ca)) => Some(commands::DeciderSettings {
+            url: url.clone(),
+            ca: std::fs::read(ca)?,
+            token_file: settings.operator_token_file.clone(),
+        }),
+        _ => {
+            tracing::warn!("no HANGAR_OPERATOR_URL and HANGAR_OPERATOR_CA: every Command create is refused");
+            None
+        }
+    };
+    let commands = commands::CommandAdmission::new(decider)?;
     let tokens = session_tokens::TokenAdmission::new(client.clone(), &caches);
     let keys = hangar_keys::template_signing::TrustedKeys::from_pairs(&settings.template_keys)?;
     let sandboxes = sandboxes::SandboxAdmission::new(client.clone(), &caches, keys);
@@ -234,10 +260,10 @@ async fn validate_command(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value
         return Ok(to_json(review::answer(&req, Some(&refusal))));
     }
     let sender = token_callers::sender(&req.user_info);
-    let decision = wh.commands.admit(&ns, command, sender, req.dry_run).instrument(span).await?;
+    let decision = wh.commands.admit(&ns, command, sender, req.dry_run).instrument(span.clone()).await?;
     match &decision {
-        Err(r) => tracing::info!(code = r.code.as_str(), "refused"),
-        Ok(place) => tracing::debug!(?place, "admitted"),
+        Err(r) => span.in_scope(|| tracing::info!(code = r.code.as_str(), "refused")),
+        Ok(()) => span.in_scope(|| tracing::debug!("admitted")),
     }
     wh.metrics.decided("Command", decision.as_ref().err().map(|r| r.code.as_str()));
     Ok(to_json(review::answer(&req, decision.as_ref().err())))
@@ -267,6 +293,15 @@ async fn validate_sandbox(wh: &Webhook, body: &[u8]) -> Result<serde_json::Value
                 tracing::info!(namespace = %ns, sandbox = %req.name, code = r.code.as_str(), "refused a Sandbox");
             }
             refusal
+        }
+        // An end (the configuration sends only updates to `state: Ended`,
+        // and deletes): announced to the command decider before the
+        // apiserver stores it.
+        (Operation::Update | Operation::Delete, _) if !req.dry_run => {
+            let ns = req.namespace.clone().unwrap_or_default();
+            let uid = req.old_object.as_ref().and_then(|s| s.metadata.uid.clone()).unwrap_or_default();
+            wh.commands.announce_end(&ns, &req.name, &uid).await;
+            None
         }
         _ => None,
     };

@@ -23,6 +23,7 @@
 //!   link, the output writes, the compare-and-swap status patches through
 //!   `hangar_runtime::kube_ext::swap_status`).
 
+pub mod feed;
 pub mod journal;
 pub mod plan;
 
@@ -31,7 +32,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine;
-use futures::StreamExt;
 use hangar_crds::{Command, CommandPhase, CommandStatus, Phase};
 use hangar_output::{AttemptKey, OutputStore, OutputWriter, Stream};
 use hangar_runtime::kube_ext::{Swap, swap_status};
@@ -40,7 +40,6 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 
@@ -65,6 +64,8 @@ pub enum RunnerError {
     Key(#[from] attempt_key::KeyError),
     #[error("supervisor: {0}")]
     Link(#[from] LinkError),
+    #[error("session commands: {0}")]
+    Feed(#[from] feed::FeedError),
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("could not record the final status of command {0}")]
@@ -96,11 +97,15 @@ pub struct RunnerConfig {
 
 pub struct Runner {
     cfg: RunnerConfig,
+    /// Status writes only: the commands are read from `feed`.
     api: Api<Command>,
+    feed: feed::CommandsFeed,
+    /// The version of the commands last read from `feed`.
+    feed_version: Option<String>,
     secrets: Api<Secret>,
     link: SupervisorLink,
     journal: Journal,
-    /// Commands of the session by name, as last seen (watch or own writes).
+    /// Commands of the session by name, as last seen (feed or own writes).
     commands: BTreeMap<String, Command>,
     /// The first full list of Commands has arrived.
     listed: bool,
@@ -139,10 +144,12 @@ fn now() -> Time {
 }
 
 impl Runner {
-    /// `session`: the per-node account's client (the session's Commands);
-    /// `node`: the worker's own (its attempt key's hand-off).
+    /// `session`: the per-node account's client (the Commands' status);
+    /// `feed`: the session's commands, as that account; `node`: the
+    /// worker's own client (its attempt key's hand-off).
     pub fn new(
         session: Client,
+        feed: feed::CommandsFeed,
         node: Client,
         cfg: RunnerConfig,
         drained: watch::Sender<Option<i64>>,
@@ -150,6 +157,8 @@ impl Runner {
         let (link, incoming) = SupervisorLink::start(cfg.socket.clone());
         let runner = Self {
             api: Api::namespaced(session, &cfg.namespace),
+            feed,
+            feed_version: None,
             secrets: Api::namespaced(node, &cfg.system_namespace),
             journal: Journal::new(&cfg.spool_root, &cfg.session_id),
             cfg,
@@ -167,29 +176,15 @@ impl Runner {
     }
 
     pub async fn run(mut self, mut incoming: mpsc::Receiver<Incoming>, mut state: watch::Receiver<SessionState>) {
-        let wc = watcher::Config::default().fields(&format!("spec.sandbox={}", self.cfg.sandbox));
-        let mut events = watcher(self.api.clone(), wc).boxed();
-        let mut listing: Option<BTreeMap<String, Command>> = None;
+        let (feed_tx, mut feed_rx) = mpsc::channel(4);
+        let follow = tokio::spawn(self.feed.clone().follow(feed_tx));
+        let _stop_following = AbortOnDrop(follow);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         self.flush_spool().await;
         loop {
             tokio::select! {
-                ev = events.next() => match ev {
-                    Some(Ok(watcher::Event::Init)) => listing = Some(BTreeMap::new()),
-                    Some(Ok(watcher::Event::InitApply(c))) => {
-                        if let Some(l) = listing.as_mut().filter(|_| self.is_of_this_session(&c)) {
-                            l.insert(c.name_any(), c);
-                        }
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        if let Some(l) = listing.take() { self.commands = l; self.listed = true; }
-                    }
-                    Some(Ok(watcher::Event::Apply(c))) => self.observe(c),
-                    Some(Ok(watcher::Event::Delete(c))) => { self.commands.remove(&c.name_any()); }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "command watch");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
+                now = feed_rx.recv() => match now {
+                    Some(now) => self.apply_feed(now),
                     None => return,
                 },
                 changed = state.changed() => {
@@ -216,7 +211,19 @@ impl Runner {
         c.status.as_ref().and_then(|s| s.sandbox_uid.as_deref()).is_none_or(|uid| uid == self.cfg.session_id)
     }
 
-    /// Keeps the newer of the watched object and our own last write.
+    /// The session's commands as the feed now sends them: commands it no
+    /// longer holds are gone; the others are observed.
+    fn apply_feed(&mut self, now: hangar_crds::node_commands::NodeCommands) {
+        let names: std::collections::HashSet<String> = now.commands.iter().map(|c| c.name_any()).collect();
+        self.commands.retain(|name, _| names.contains(name));
+        for c in now.commands {
+            self.observe(c);
+        }
+        self.feed_version = Some(now.version);
+        self.listed = true;
+    }
+
+    /// Keeps the newer of the fed object and our own last write.
     fn observe(&mut self, c: Command) {
         if !self.is_of_this_session(&c) {
             return;
@@ -394,8 +401,13 @@ impl Runner {
             if self.cas(&cmd, &status).await? {
                 return Ok(());
             }
-            cmd = self.api.get(&cmd.name_any()).await?;
-            self.observe(cmd.clone());
+            // Someone else wrote it: wait for the feed to show what.
+            let now = self.feed.fetch(self.feed_version.as_deref(), Duration::from_secs(5)).await?;
+            self.apply_feed(now);
+            match self.commands.get(&cmd.name_any()) {
+                Some(now) => cmd = now.clone(),
+                None => return Ok(()),
+            }
         }
         if plan::phase(&cmd).is_some_and(CommandPhase::is_final) {
             return Ok(());
@@ -537,5 +549,14 @@ impl Runner {
         if let Err(e) = hangar_output::resend_spooled(&self.cfg.store, &spool, &self.cfg.session_id).await {
             tracing::warn!(error = %e, "re-sending spooled output");
         }
+    }
+}
+
+/// Ends the feed's long-poll task with the runner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
