@@ -340,11 +340,11 @@ fn chart_installs_and_grants_least_privilege() {
     no(op, &["create", "clusterroles"]);
 
     let wh = "hangar-webhook";
-    // It writes nothing a tenant can see: the ledgers of admitted commands
-    // are ConfigMaps in the release namespace.
+    // It writes nothing a tenant can see, nor the command ledgers (the
+    // operator's leader decides command admissions).
     yes(wh, &["get", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(wh, &["patch", "sandboxes.hangar.dev", "-n", "team-a"]);
-    yes(wh, &["update", "configmaps", "-n", "hangar-system"]);
+    no(wh, &["update", "configmaps", "-n", "hangar-system"]);
     no(wh, &["update", "configmaps", "-n", "team-a"]);
     no(wh, &["delete", "configmaps", "-n", "hangar-system"]);
     yes(wh, &["list", "commands.hangar.dev", "-n", "team-a"]);

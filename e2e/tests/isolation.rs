@@ -966,3 +966,33 @@ async fn a_session_node_reads_only_its_own_sessions_commands() {
 
     assert_eq!(snapshot(&admin, ns, &victim_id).await, before, "the victim's objects are unchanged");
 }
+
+/// Who sent a command is the apiserver's to write: a tenant that writes
+/// `hangar.dev/sender` itself at create finds its own name there, and
+/// `status.sentBy` with it; changing it afterwards is refused by the
+/// policy, and the command is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_writes_who_sent_a_command() {
+    use hangar_crds::command::SENDER_ANNOTATION;
+    let stack = shared_stack();
+    let ns = "iso-sender";
+    let (admin, _) = victim(stack, ns).await;
+    let token = member_token(&stack.cp, ns, "tenant", "get,list,watch,create,update,patch,delete");
+    let tenant: Api<Command> = Api::namespaced(stack.cp.client_as(&token).await.unwrap(), ns);
+    let mut forged = sh("forged", "box", "true");
+    let someone_else = format!("hangar:token:{ns}:someone-else");
+    forged.metadata.annotations = Some(BTreeMap::from([(SENDER_ANNOTATION.to_owned(), someone_else.clone())]));
+    let created = tenant.create(&PostParams::default(), &forged).await.expect("the tenant's create");
+    let me = format!("system:serviceaccount:{ns}:tenant");
+    assert_eq!(created.sender(), Some(me.as_str()), "the apiserver wrote the creator's name");
+    let admin_cmds: Api<Command> = Api::namespaced(admin, ns);
+    let done = wait_command_phase(stack, &admin_cmds, "forged", CommandPhase::Exited).await;
+    assert_eq!(done.status.as_ref().and_then(|s| s.sent_by.as_deref()), Some(me.as_str()), "sentBy is the creator");
+    let before = admin_cmds.get("forged").await.unwrap();
+    let rewrite = json!({"metadata": {"annotations": {SENDER_ANNOTATION: someone_else}}});
+    policy("rewrite who sent it", tenant.patch("forged", &PatchParams::default(), &Patch::Merge(&rewrite)).await);
+    let drop_it = json!({"metadata": {"annotations": {SENDER_ANNOTATION: null}}});
+    policy("remove who sent it", tenant.patch("forged", &PatchParams::default(), &Patch::Merge(&drop_it)).await);
+    let after = admin_cmds.get("forged").await.unwrap();
+    assert_eq!((after.metadata.annotations, after.status), (before.metadata.annotations, before.status));
+}

@@ -1,6 +1,9 @@
 //! The workspace key service: hands a session's 64-byte workspace key to
 //! the worker on that session's instance, and to nothing else. It runs in
 //! the leader only (the nonces it issued live in its memory), over TLS.
+//! The same listener (the operator's node service) also serves a session
+//! node its session's commands (`node::commands_feed`) and the admission
+//! webhook its command admission decisions (`commands::admission`).
 //!
 //! The worker proves which instance it runs on with the EC2 identity
 //! document and its `rsa2048` signature (checked against the configured
