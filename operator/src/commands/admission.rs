@@ -91,38 +91,28 @@ pub mod service {
 
     use bytes::Bytes;
     use hangar_crds::command_admission::{CommandAdmissionAnswer, CommandAdmissionRequest, EndingNotice};
-    use hangar_runtime::delegated_auth::{AuthError, DelegatedAuth, bearer};
+    use hangar_runtime::delegated_auth::DelegatedAuth;
     use hangar_runtime::https::RequestBody;
     use http::{Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full};
 
     use crate::context::Context;
-    use crate::workspace_keys::{error, json};
+    use crate::workspace_keys::{caller_of, error, json};
 
-    /// Whether the request's bearer token is one of the admission callers';
-    /// the refusal to send otherwise.
+    /// The refusal to send unless the request's token is one of the
+    /// configured admission callers'.
     async fn caller_refused(
         ctx: &Context,
         auth: &DelegatedAuth,
         req: &Request<RequestBody>,
     ) -> Option<Response<Full<Bytes>>> {
-        let authorization = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        let caller = match bearer(authorization) {
-            Ok(token) => auth.authenticate(token).await,
-            Err(e) => Err(e),
-        };
-        match caller {
+        match caller_of(auth, req, "unauthorized").await {
             Ok(c) if ctx.settings.admission_callers.iter().any(|a| a == &c.user) => None,
             Ok(c) => {
                 tracing::warn!(user = %c.user, "an admission request from a caller not configured");
                 Some(error(StatusCode::FORBIDDEN, "forbidden"))
             }
-            Err(AuthError::Api(e)) => {
-                tracing::warn!(error = %e, "admission: could not review a token");
-                Some(error(StatusCode::SERVICE_UNAVAILABLE, "unavailable"))
-            }
-            Err(AuthError::RateLimited) => Some(error(StatusCode::TOO_MANY_REQUESTS, "rate_limited")),
-            Err(_) => Some(error(StatusCode::UNAUTHORIZED, "unauthorized")),
+            Err(refused) => Some(refused),
         }
     }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hangar_crds::node_commands::{NodeCommands, NodeCommandsQuery, REFUSED, WAIT_SECONDS};
 use hangar_crds::{Command, Sandbox};
-use hangar_runtime::delegated_auth::{AuthError, Caller, DelegatedAuth, bearer};
+use hangar_runtime::delegated_auth::{Caller, DelegatedAuth};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use kube::ResourceExt;
@@ -128,25 +128,13 @@ impl CommandsFeed {
     }
 
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
-        let authorization = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let query: Option<NodeCommandsQuery> = req.uri().query().and_then(|q| serde_urlencoded::from_str(q).ok());
         let Some(query) = query else {
             return crate::workspace_keys::error(StatusCode::BAD_REQUEST, "bad_request");
         };
-        let caller = match bearer(authorization) {
-            Ok(token) => self.auth.authenticate(token).await,
-            Err(e) => Err(e),
-        };
-        let caller = match caller {
+        let caller = match crate::workspace_keys::caller_of(&self.auth, &req, REFUSED).await {
             Ok(c) => c,
-            Err(AuthError::Api(e)) => {
-                tracing::warn!(error = %e, "node commands: could not review a token");
-                return crate::workspace_keys::error(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
-            }
-            Err(AuthError::RateLimited) => {
-                return crate::workspace_keys::error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
-            }
-            Err(_) => return crate::workspace_keys::error(StatusCode::UNAUTHORIZED, REFUSED),
+            Err(refused) => return refused,
         };
         let session_id = match self.grant(&caller, &query).await {
             Ok(Some(id)) => id,

@@ -183,6 +183,31 @@ impl KeyService {
     }
 }
 
+/// The caller a request's bearer token belongs to (a TokenReview, cached),
+/// for the node service's routes that take a Kubernetes token; else the
+/// answer to send: 401 with `unauthorized_code`, 429, or 503 when the
+/// apiserver did not answer.
+pub(crate) async fn caller_of<B>(
+    auth: &hangar_runtime::delegated_auth::DelegatedAuth,
+    req: &Request<B>,
+    unauthorized_code: &str,
+) -> Result<hangar_runtime::delegated_auth::Caller, Response<Full<Bytes>>> {
+    use hangar_runtime::delegated_auth::{AuthError, bearer};
+    let authorization = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let caller = match bearer(authorization) {
+        Ok(token) => auth.authenticate(token).await,
+        Err(e) => Err(e),
+    };
+    caller.map_err(|e| match e {
+        AuthError::Api(e) => {
+            warn!(path = %req.uri().path(), error = %e, "could not review a token");
+            error(StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        }
+        AuthError::RateLimited => error(StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        _ => error(StatusCode::UNAUTHORIZED, unauthorized_code),
+    })
+}
+
 pub(crate) fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     Response::builder()
