@@ -70,6 +70,15 @@ impl KeyClient {
         let body = if status == 200 { Some(r.json().await.expect("node commands json")) } else { None };
         (status, body)
     }
+
+    /// `POST path` (an admission route) with `body` as `token`: the status.
+    pub async fn admission(&self, token: Option<&str>, path: &str, body: &Value) -> u16 {
+        let mut req = self.http.post(format!("{}{path}", self.url)).json(body);
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        req.send().await.expect("admission request").status().as_u16()
+    }
 }
 
 /// A key request for `sandbox`'s session with `identity`'s document signed

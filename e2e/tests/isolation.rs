@@ -996,3 +996,62 @@ async fn nobody_writes_who_sent_a_command() {
     let after = admin_cmds.get("forged").await.unwrap();
     assert_eq!((after.metadata.annotations, after.status), (before.metadata.annotations, before.status));
 }
+
+/// The command decider answers the webhook's identity only: anyone else
+/// who reaches the operator's node service (a tenant, a pod, a session's
+/// node) can neither take a place in a session's limits nor announce its
+/// end, so the session's ledger is unchanged and its next command runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_webhook_asks_the_command_decider() {
+    use hangar_crds::command_admission::{CommandAdmissionRequest, ENDING_PATH, EndingNotice, PATH};
+    use hangar_e2e::workspace_keys::KeyClient;
+    let stack = shared_stack();
+    let ns = "iso-decider";
+    let (admin, victim_id) = victim(stack, ns).await;
+    let boxes: Api<Sandbox> = Api::namespaced(admin.clone(), ns);
+    let session = boxes.get("box").await.unwrap();
+    let before = snapshot(&admin, ns, &victim_id).await;
+
+    let tenant = member_token(&stack.cp, ns, "tenant-admin", "get,list,watch,create,update,patch,delete");
+    ensure_namespace(&admin, "iso-decider-b").await;
+    let other_tenant =
+        member_token(&stack.cp, "iso-decider-b", "intruder", "get,list,watch,create,update,patch,delete");
+    let pod = member_token(&stack.cp, ns, "some-pod", "");
+    let node = session.status.as_ref().and_then(|s| s.node_name.clone()).expect("a node");
+    let kubeconfig = std::fs::read_to_string(stack.sim.nodes_dir.join(&node).join("worker-kubeconfig.yaml")).unwrap();
+    let kubeconfig: Value = serde_yaml::from_str(&kubeconfig).expect("the node's kubeconfig");
+    let node_token = kubeconfig["users"][0]["user"]["token"].as_str().expect("its token").to_owned();
+
+    let decider = KeyClient::new(stack);
+    // Each would take a place (64 of them would lock the session) or end it.
+    let take = serde_json::to_value(CommandAdmissionRequest {
+        namespace: ns.into(),
+        sandbox: "box".into(),
+        uid: "forged-uid".into(),
+        name: "forged".into(),
+        sender: None,
+        dry_run: false,
+    })
+    .unwrap();
+    let end =
+        serde_json::to_value(EndingNotice { namespace: ns.into(), sandbox: "box".into(), uid: victim_id.clone() })
+            .unwrap();
+    for (who, token, status) in [
+        ("no token", None, 401),
+        ("a made-up token", Some("made-up"), 401),
+        ("the session's tenant", Some(tenant.as_str()), 403),
+        ("another tenant", Some(other_tenant.as_str()), 403),
+        ("a pod's ServiceAccount", Some(pod.as_str()), 403),
+        ("the session's own node", Some(node_token.as_str()), 403),
+    ] {
+        for _ in 0..3 {
+            assert_eq!(decider.admission(token, PATH, &take).await, status, "{who}: take a place");
+        }
+        assert_eq!(decider.admission(token, ENDING_PATH, &end).await, status, "{who}: announce its end");
+    }
+    assert_eq!(snapshot(&admin, ns, &victim_id).await, before, "the victim's objects and ledger are unchanged");
+    // Not ended, not full: the session's next command is admitted and runs.
+    let api: Api<Command> = Api::namespaced(admin, ns);
+    cmds::create(&api, &sh("after", "box", "echo still-mine")).await;
+    wait_command_phase(stack, &api, "after", CommandPhase::Exited).await;
+}

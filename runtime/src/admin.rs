@@ -268,6 +268,9 @@ mod tests {
 
     #[tokio::test]
     async fn readiness_and_metrics_answer_over_http() {
+        // reqwest needs a process-wide provider even for plain HTTP; not
+        // left to whichever test of this binary happens to run first.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut registry = Registry::with_prefix("hangar");
         let calls = Counter::<u64>::default();
         registry.register("test_calls", "Calls made", calls.clone());

@@ -9,10 +9,13 @@
 //! reach: answers are cached briefly by token digest (never the token),
 //! refused tokens too, and TokenReviews of tokens not seen before are
 //! rate-limited as a whole, so a flood of made-up tokens never reaches it.
+//! Callers that present the same unchecked token at once (a burst from one
+//! client as its cache entry expires) share one TokenReview, so a single
+//! busy caller never spends the limit meant for new tokens.
 
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -77,6 +80,9 @@ pub struct DelegatedAuth {
     /// Digests of tokens refused recently: answered without a TokenReview.
     refused: Mutex<HashMap<Vec<u8>, Instant>>,
     decisions: Mutex<HashMap<DecisionKey, (Instant, bool)>>,
+    /// One lock per token digest under review: the first caller reviews,
+    /// the others wait for it and take its answer from the caches.
+    reviewing: Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<()>>>>,
     reviews: governor::DefaultDirectRateLimiter,
     /// TokenReviews made (for /metrics).
     pub token_reviews: prometheus_client::metrics::counter::Counter,
@@ -93,6 +99,7 @@ impl DelegatedAuth {
             tokens: Mutex::default(),
             refused: Mutex::default(),
             decisions: Mutex::default(),
+            reviewing: Mutex::default(),
             reviews: RateLimiter::direct(Quota::per_second(new_tokens_per_second)),
             token_reviews: Default::default(),
         }
@@ -101,14 +108,34 @@ impl DelegatedAuth {
     /// The caller `token` belongs to.
     pub async fn authenticate(&self, token: &str) -> Result<Caller, AuthError> {
         let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref().to_vec();
-        let cached = self.tokens.lock().unwrap_or_else(|p| p.into_inner()).get(&digest).cloned();
+        if let Some(known) = self.known(&digest) {
+            return known;
+        }
+        let turn = self.reviewing.lock().unwrap_or_else(|p| p.into_inner()).entry(digest.clone()).or_default().clone();
+        let _turn = turn.lock().await;
+        // Whoever held the turn before may have answered it.
+        if let Some(known) = self.known(&digest) {
+            return known;
+        }
+        // Removed however this call ends (a caller that goes away too), so
+        // the map holds only reviews under way.
+        let _done = Reviewing { map: &self.reviewing, digest: &digest };
+        self.review(token, &digest).await
+    }
+
+    /// The cached answer for a token digest, either way, if still fresh.
+    fn known(&self, digest: &[u8]) -> Option<Result<Caller, AuthError>> {
+        let cached = self.tokens.lock().unwrap_or_else(|p| p.into_inner()).get(digest).cloned();
         if let Some((_, c)) = cached.filter(|(at, _)| at.elapsed() < CACHE_FOR) {
-            return Ok(c);
+            return Some(Ok(c));
         }
-        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner()).get(&digest).copied();
-        if refused.is_some_and(|at| at.elapsed() < CACHE_FOR) {
-            return Err(AuthError::Invalid);
-        }
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner()).get(digest).copied();
+        refused.filter(|at| at.elapsed() < CACHE_FOR).map(|_| Err(AuthError::Invalid))
+    }
+
+    /// One TokenReview, its answer cached.
+    async fn review(&self, token: &str, digest: &[u8]) -> Result<Caller, AuthError> {
+        let digest = digest.to_vec();
         if self.reviews.check().is_err() {
             return Err(AuthError::RateLimited);
         }
@@ -179,6 +206,18 @@ impl DelegatedAuth {
     }
 }
 
+/// A token's turn to be reviewed, given back when the review ends.
+struct Reviewing<'a> {
+    map: &'a Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<()>>>>,
+    digest: &'a [u8],
+}
+
+impl Drop for Reviewing<'_> {
+    fn drop(&mut self) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(self.digest);
+    }
+}
+
 /// Inserts into a bounded cache, sweeping what `fresh` says has expired
 /// once it holds many entries.
 fn remember<K: std::hash::Hash + Eq, V>(cache: &Mutex<HashMap<K, V>>, key: K, value: V, fresh: impl Fn(&V) -> bool) {
@@ -200,5 +239,45 @@ mod tests {
         for refused in [None, Some(""), Some("Bearer "), Some("Basic abc"), Some("bearer abc")] {
             assert!(matches!(bearer(refused), Err(AuthError::Missing)), "{refused:?}");
         }
+    }
+
+    /// An apiserver that answers every TokenReview after `delay`, as the
+    /// user `who`, and counts them.
+    fn reviewer(delay: Duration, reviews: Arc<std::sync::atomic::AtomicUsize>) -> kube::Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let reviews = reviews.clone();
+            async move {
+                assert!(req.uri().path().ends_with("/tokenreviews"), "{}", req.uri());
+                reviews.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                let body = serde_json::json!({
+                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {},
+                    "status": {"authenticated": true, "user": {"username": "who", "groups": ["g"]}},
+                });
+                Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::from(
+                    serde_json::to_vec(&body).unwrap(),
+                )))
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn callers_with_the_same_new_token_share_one_token_review() {
+        let reviews = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let limit = NonZeroU32::new(5).unwrap();
+        let auth = DelegatedAuth::new(reviewer(Duration::from_millis(50), reviews.clone()), None, limit);
+        // 40 at once: more than the new-token limit allows reviews of.
+        let answers = futures::future::join_all((0..40).map(|_| auth.authenticate("one-token"))).await;
+        for a in &answers {
+            assert_eq!(a.as_ref().map(|c| c.user.as_str()).ok(), Some("who"), "{a:?}");
+        }
+        assert_eq!(reviews.load(std::sync::atomic::Ordering::SeqCst), 1, "one TokenReview for one token");
+        assert!(auth.reviewing.lock().unwrap().is_empty(), "no review is left marked under way");
+        // Different tokens are still each reviewed, within the limit.
+        let tokens: Vec<String> = (0..3).map(|i| format!("t{i}")).collect();
+        let others = futures::future::join_all(tokens.iter().map(|t| auth.authenticate(t))).await;
+        assert!(others.iter().all(Result::is_ok));
+        assert_eq!(reviews.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 }

@@ -7,7 +7,7 @@
 //!   one admission), median of 20;
 //! - burst: 64 creates for one new session sent at once, time until the
 //!   last is answered; the 65th then is refused (`sandbox_command_limit`).
-//!   They sleep, so all 64 stay unfinished.
+//!   They sleep, so all 64 stay unfinished. These sessions then end.
 //!
 //! - steady rate: reviews sent straight to the webhook at 200 per second
 //!   for 10 s (as the apiserver sends them, with its admission client
@@ -16,8 +16,11 @@
 //!   sent as session tokens' identities, so each review also runs the
 //!   token scope check.
 //!
-//! Prints the load average before and after, medians over the runs, and
-//! the burst as a ratio to the baseline.
+//! Each steady phase starts once the one-minute load average is under 1
+//! (at most 90 s after its sessions run), so it measures the decisions and
+//! not the launches' tail; its sessions end after it. Prints the load
+//! average before and after, medians over the runs, and the burst as a
+//! ratio to the baseline.
 //! `admission-bench [RUNS] [RATE] [SECONDS]` (defaults 7, 200, 10).
 
 use std::time::Instant;
@@ -59,6 +62,18 @@ fn main() {
     rt.block_on(steady(&stack, rate, seconds, true));
 }
 
+/// Waits (up to 90 s) until the one-minute load average is under 1, so a
+/// steady phase measures the decisions and not the tail of the launches
+/// before it; says how long it waited.
+async fn settle() {
+    let started = Instant::now();
+    let one_minute = || load_average().split_whitespace().next().and_then(|l| l.parse::<f64>().ok()).unwrap_or(0.0);
+    while one_minute() >= 1.0 && started.elapsed() < std::time::Duration::from_secs(90) {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    eprintln!("settled for {:.0} s, load average {}", started.elapsed().as_secs_f64(), load_average());
+}
+
 async fn run(stack: &LocalStack, runs: usize) {
     let client = stack.cp.client().await.unwrap();
     ensure_namespace(&client, NS).await;
@@ -92,6 +107,16 @@ async fn run(stack: &LocalStack, runs: usize) {
         assert!(refused, "the 65th unfinished is refused: {over:?}");
     }
     let load_after = load_average();
+    // The burst sessions end (their nodes and 64 sleeping commands each go),
+    // so the steady phase below measures the webhook, not their upkeep.
+    let ended: Vec<String> =
+        std::iter::once("base".to_owned()).chain((0..runs).map(|r| format!("burst-{r}"))).collect();
+    for name in &ended {
+        sessions::set_state(&boxes, name, "Ended").await.unwrap();
+    }
+    for name in &ended {
+        sessions::wait_phase(stack, &boxes, name, hangar_crds::Phase::Ended).await;
+    }
 
     let base = pct(single.clone(), 0.5).max(1);
     let burst = pct(bursts.clone(), 0.5);
@@ -186,15 +211,81 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     for i in 0..20u64 {
         http.post(&url).json(&review(1_000_000 + i)).send().await.unwrap();
     }
+    settle().await;
+    // The floor on this machine at this moment: the same rate of reviews
+    // through the same connection pool and TLS, of an update the webhook
+    // answers without deciding anything (a dry run of a Sandbox update).
+    let baseline = |i: u64| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": format!("{prefix}-baseline-{i}"), "operation": "UPDATE", "userInfo": {"username": "bench"},
+                "name": format!("{prefix}-0"), "namespace": NS, "dryRun": true,
+                "kind": {"group": "hangar.dev", "version": "v1alpha1", "kind": "Sandbox"},
+                "resource": {"group": "hangar.dev", "version": "v1alpha1", "resource": "sandboxes"},
+                "object": sessions::sandbox(&format!("{prefix}-0"), "commands", json!({})),
+                "oldObject": sessions::sandbox(&format!("{prefix}-0"), "commands", json!({})),
+            }
+        })
+    };
+    let sandboxes_url = format!("https://127.0.0.1:{}/validate/sandboxes", webhook.port);
+    let (floor, _, _) = paced(&http, &sandboxes_url, &baseline, rate, seconds).await;
     let load_before = load_average();
+    let (micros, allowed, started) = paced(&http, &url, &review, rate, seconds).await;
     let total = rate * seconds;
+    let elapsed = started.elapsed().as_secs_f64();
+    let load_after = load_average();
+    // Their nodes go, so the next phase stands on as many sessions.
+    for i in 0..SESSIONS {
+        sessions::set_state(&boxes, &format!("{prefix}-{i}"), "Ended").await.unwrap();
+    }
+    for i in 0..SESSIONS {
+        sessions::wait_phase(stack, &boxes, &format!("{prefix}-{i}"), hangar_crds::Phase::Ended).await;
+    }
+    let ms = |us: u64| us as f64 / 1000.0;
+    println!();
+    println!(
+        "webhook admission at a steady rate: {total} reviews over {SESSIONS} sessions in {elapsed:.1} s \
+         ({:.0} per second), {allowed} admitted; load average {load_before} before, {load_after} after",
+        total as f64 / elapsed
+    );
+    println!();
+    println!("| figure | p50 | p90 | p99 | max | target |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| baseline: a review answered without a decision, {rate}/s (ms) | {:.2} | {:.2} | {:.2} | {:.2} | |",
+        ms(pct(floor.clone(), 0.5)),
+        ms(pct(floor.clone(), 0.9)),
+        ms(pct(floor.clone(), 0.99)),
+        ms(*floor.iter().max().unwrap_or(&0))
+    );
+    println!(
+        "| one review decided, {rate}/s{} (ms) | {:.2} | {:.2} | {:.2} | {:.2} | p99 < 5 |",
+        if as_tokens { ", as session tokens (scope check)" } else { "" },
+        ms(pct(micros.clone(), 0.5)),
+        ms(pct(micros.clone(), 0.9)),
+        ms(pct(micros.clone(), 0.99)),
+        ms(*micros.iter().max().unwrap_or(&0))
+    );
+}
+
+/// Sends `body(i)` to `url` at `rate` per second for `seconds`; each
+/// review's time to its answer (µs), how many were allowed, and when the
+/// first was sent.
+async fn paced(
+    http: &reqwest::Client,
+    url: &str,
+    body: &dyn Fn(u64) -> serde_json::Value,
+    rate: u64,
+    seconds: u64,
+) -> (Vec<u64>, usize, Instant) {
     let mut tick = tokio::time::interval(std::time::Duration::from_micros(1_000_000 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for i in 0..total {
+    for i in 0..rate * seconds {
         tick.tick().await;
-        let (http, url, body) = (http.clone(), url.clone(), review(i));
+        let (http, url, body) = (http.clone(), url.to_owned(), body(i));
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let r = http.post(&url).json(&body).send().await.expect("review");
@@ -209,24 +300,5 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
         micros.push(us);
         allowed += usize::from(ok);
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let load_after = load_average();
-    let ms = |us: u64| us as f64 / 1000.0;
-    println!();
-    println!(
-        "webhook admission at a steady rate: {total} reviews over {SESSIONS} sessions in {elapsed:.1} s \
-         ({:.0} per second), {allowed} admitted; load average {load_before} before, {load_after} after",
-        total as f64 / elapsed
-    );
-    println!();
-    println!("| figure | p50 | p90 | p99 | max | target |");
-    println!("| --- | --- | --- | --- | --- | --- |");
-    println!(
-        "| one review decided, {rate}/s{} (ms) | {:.2} | {:.2} | {:.2} | {:.2} | p99 < 5 |",
-        if as_tokens { ", as session tokens (scope check)" } else { "" },
-        ms(pct(micros.clone(), 0.5)),
-        ms(pct(micros.clone(), 0.9)),
-        ms(pct(micros.clone(), 0.99)),
-        ms(*micros.iter().max().unwrap_or(&0))
-    );
+    (micros, allowed, started)
 }

@@ -130,6 +130,10 @@ async fn number_session(ctx: &Context, api: &Api<Command>, ns: &str, sandbox: &s
         // Another writer changed it: decide again on what it holds now.
         return Ok(Requeue::requeue(Duration::from_millis(20)));
     }
+    // The numbers are in the ledger: admissions may go on while they are
+    // written to the commands (a concurrent pass writes the same ones, and
+    // each write is a compare-and-swap).
+    drop(held);
     let node = session.status.as_ref().and_then(|s| s.node_name.clone());
     // Written in number order, not name order: a worker hands over the
     // lowest numbers it sees queued, so a higher number must not become

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use backon::{ConstantBuilder, Retryable};
 use hangar_core::refusal::Refusal;
 use hangar_crds::command_admission::{
     CommandAdmissionAnswer, CommandAdmissionRequest, ENDING_PATH, EndingNotice, PATH,
@@ -36,6 +37,10 @@ const TOKEN_REREAD: Duration = Duration::from_secs(60);
 /// How long an end's announcement may take before the end is let through
 /// anyway (the leader, when back, reads the session afresh).
 const ENDING_TIMEOUT: Duration = Duration::from_secs(2);
+/// Asks after a transient failure, and the pause before each: well within
+/// the apiserver's 10 s for the whole review.
+const ASK_RETRIES: usize = 2;
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// Where the decisions are made and how to reach it.
 pub struct DeciderSettings {
@@ -140,11 +145,22 @@ impl Decider {
             sender,
             dry_run,
         };
-        let response = self.http.post(&self.decide_url).bearer_auth(self.token()?).json(&ask).send().await?;
-        if !response.status().is_success() {
-            return Err(AdmissionError::Decider(format!("the operator answered HTTP {}", response.status())));
-        }
-        let answer: CommandAdmissionAnswer = response.json().await?;
+        let token = self.token()?;
+        let ask_once = || async {
+            let response = self.http.post(&self.decide_url).bearer_auth(&token).json(&ask).send().await?;
+            if !response.status().is_success() {
+                return Err(AdmissionError::DeciderAnswered(response.status()));
+            }
+            Ok(response.json::<CommandAdmissionAnswer>().await?)
+        };
+        // A decision is idempotent (a repeated ask takes no second place),
+        // so a moment's unavailability is asked through: a leader changing,
+        // or the operator's token checks at their limit.
+        let answer = ask_once
+            .retry(ConstantBuilder::default().with_delay(RETRY_AFTER).with_max_times(ASK_RETRIES).with_jitter())
+            .when(AdmissionError::is_transient)
+            .notify(|e, _| tracing::info!(error = %e, "asking the command decider again"))
+            .await?;
         if answer.allowed {
             return Ok(Ok(()));
         }
@@ -159,7 +175,7 @@ impl Decider {
         let sent = async {
             let r = self.http.post(&self.ending_url).bearer_auth(self.token()?).json(&notice).send().await?;
             if !r.status().is_success() {
-                return Err(AdmissionError::Decider(format!("the operator answered HTTP {}", r.status())));
+                return Err(AdmissionError::DeciderAnswered(r.status()));
             }
             Ok(())
         };

@@ -30,6 +30,23 @@ pub enum AdmissionError {
     Decider(String),
     #[error("the command decider (the operator's leader): {0}")]
     DeciderHttp(#[from] reqwest::Error),
+    #[error("the command decider (the operator's leader) answered HTTP {0}")]
+    DeciderAnswered(http::StatusCode),
     #[error("the Sandbox or Command watch ended before its first list")]
     CacheNotReady,
+}
+
+impl AdmissionError {
+    /// A failure that asking again shortly may not meet: the decider could
+    /// not be reached, was changing leader (503) or held back (429).
+    pub fn is_transient(&self) -> bool {
+        use http::StatusCode;
+        match self {
+            Self::DeciderAnswered(s) => {
+                matches!(*s, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY)
+            }
+            Self::DeciderHttp(e) => e.is_connect(),
+            _ => false,
+        }
+    }
 }
