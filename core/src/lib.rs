@@ -11,6 +11,7 @@
 //!   contract's error codes
 //! - `refusal`: a refusal and its contract error code
 //! - `idle`, `hard_stop`, `retention`: the session's clocks
+//! - `billing`: the billing record (compute, idle, paused storage, minimum)
 //! - `tokens`: a session token's expiry and phase
 //! - `images`: the image preflight (platform, size)
 //! - `templates`: what a template release signs; which template a session may use
@@ -18,6 +19,7 @@
 //! - `workspace_key`: which proven instance gets a session's workspace key
 
 pub mod admission;
+pub mod billing;
 pub mod commands;
 pub mod hard_stop;
 pub mod idle;

@@ -479,6 +479,13 @@ pub struct Billing {
     pub idle_cents: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_cents: Option<i64>,
+    /// The minimum (once the instance has run), compute and storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_cents: Option<i64>,
+    /// Set at the end: compute counted to the second rather than per
+    /// started minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trued_up: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

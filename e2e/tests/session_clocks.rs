@@ -9,7 +9,11 @@
 //!   7.2 s of metered compute, counted across attempts, not while paused
 //!   (the deadline the node is given counts from the attempt's start in
 //!   whole seconds, so it may come up to 1 s early, never late);
-//! - the longest pause (7 days) as 6 s: then the session ends.
+//! - the longest pause (7 days) as 6 s: then the session ends;
+//! - billing, one hour = 1 s, at round prices (1 cent per vCPU-second, 1
+//!   cent per GiB of paused volume per started second, 2 s free): a
+//!   scripted session's record equals the figures worked out by hand from
+//!   the durations its status records.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -33,6 +37,10 @@ fn stack() -> &'static LocalStack {
                 // The 7-day limit on a pause, as 6 s (the other tests here
                 // pause for less).
                 ("HANGAR_MAX_PAUSE_SECONDS".into(), "6".into()),
+                ("HANGAR_BILLING_HOUR_SECONDS".into(), "1".into()),
+                ("HANGAR_FREE_COMPUTE_SECONDS".into(), "2".into()),
+                ("HANGAR_PRICE_VCPU_HOUR_MILLICENTS".into(), "1000".into()),
+                ("HANGAR_PRICE_STORAGE_GIB_HOUR_MILLICENTS".into(), "1000".into()),
             ],
             ..Default::default()
         };
@@ -167,4 +175,81 @@ async fn a_session_paused_for_the_longest_pause_ends_and_is_reset() {
     let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
     let instances = hangar_e2e::ec2::session_instances(&ec2, &session).await;
     assert!(instances.iter().all(|(_, st)| *st == aws_sdk_ec2::types::InstanceStateName::Terminated));
+}
+
+/// Launch, idle until the idle clock pauses it, paused for at least 3
+/// storage hours (3 s), resumed, busy until the hard stop ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripted_sessions_bill_matches_the_hand_computed_figures() {
+    let stack = stack();
+    let ns = "billing";
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, ns).await;
+    let boxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
+    // Idle 60 s = 3 s here, then pause; 3600 s of compute = 7.2 s.
+    let spec = json!({"stopAfterSeconds": 3600, "idleTimeoutSeconds": 60, "idleAction": "pause", "tenant": "acme"});
+    let s = boxes.create(&PostParams::default(), &sessions::sandbox("metered", "commands", spec)).await.unwrap();
+    let sid = s.uid().unwrap();
+    let running = sessions::wait_phase(stack, &boxes, "metered", Phase::Running).await.status.unwrap();
+    assert_eq!(running.instance_type.as_deref(), Some("m7g.large"), "2 vCPUs");
+    let live = running.billing.expect("a record while it runs");
+    assert_eq!((live.minimum_charge_cents, live.trued_up), (Some(500), None));
+    assert!(live.total_cents >= Some(500), "the minimum is charged once the instance runs: {live:?}");
+    // Nothing runs: the idle clock pauses it.
+    let paused = sessions::wait_phase(stack, &boxes, "metered", Phase::Paused).await;
+    assert!(paused.status.unwrap().idle_paused_request.is_some(), "paused by the idle clock");
+    let hold = Instant::now() + Duration::from_millis(3_500);
+    while Instant::now() < hold {
+        assert_eq!(sessions::phase(&boxes.get("metered").await.unwrap()), Some(Phase::Paused));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let resume = json!({"metadata": {"annotations": {hangar_core::session::requests::RETRY_RESUME_ANNOTATION: "1"}}});
+    boxes.patch("metered", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&resume)).await.unwrap();
+    sessions::wait_phase(stack, &boxes, "metered", Phase::Running).await;
+    // Busy to the hard stop, so idle does not pause it again.
+    let commands: Api<Command> = Api::namespaced(client, ns);
+    commands.create(&PostParams::default(), &hangar_e2e::commands::sh("busy", "metered", "sleep 60")).await.unwrap();
+    let ended = sessions::wait_phase(stack, &boxes, "metered", Phase::Ended).await;
+    let status = ended.status.clone().unwrap();
+    assert_eq!(status.stop_reason.as_deref(), Some("stop_after"));
+    let bill = status.billing.clone().expect("the final record");
+
+    // By hand, from the recorded durations.
+    let (vcpus, volume_gib, free) = (2, 20, 2);
+    let compute = status.compute_seconds.unwrap();
+    let idle = status.idle_seconds.unwrap();
+    assert!(idle >= 2, "the idle stretch before the pause is recorded: {idle} s");
+    let at = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| t.as_ref().unwrap().0.as_second();
+    assert_eq!(status.attempts.len(), 2, "{:?}", status.attempts);
+    let paused_seconds = at(&status.attempts[1].started_at) - at(&status.attempts[0].ended_at);
+    assert!(paused_seconds >= 3, "paused for 3 storage hours at least: {paused_seconds} s");
+    let billable = compute - free;
+    let busy = compute - idle;
+    // The free seconds go to busy time first.
+    let idle_billable = (idle - (free - busy).max(0)).clamp(0, billable);
+    assert_eq!(bill.compute_cents, Some(billable * vcpus), "compute beyond the free hour, to the second");
+    assert_eq!(bill.idle_cents, Some(idle_billable * vcpus), "its idle part");
+    assert_eq!(bill.storage_cents, Some(paused_seconds * volume_gib), "each started hour of the pause");
+    assert_eq!(bill.minimum_charge_cents, Some(500));
+    assert_eq!(bill.total_cents, Some(500 + billable * vcpus + paused_seconds * volume_gib));
+    assert_eq!(bill.compute_at_most_cents, Some((3600 - free) * vcpus), "every second up to the stop");
+    assert_eq!(bill.trued_up, Some(true));
+
+    // The session API shows the same record.
+    let member = member_token(&stack.cp, ns, "dev", "get,list");
+    let gw = stack.gateway_client();
+    gw.wait_known(&sid, &member).await;
+    let (code, view) = gw.get(&format!("/v1/sandboxes/{sid}"), &member).await;
+    assert_eq!(code, 200);
+    assert_eq!(view["billing"], serde_json::to_value(&bill).unwrap());
+    // And the operator's metrics count it once, by namespace and tenant.
+    let metrics = stack.operator().metrics();
+    for (part, cents) in [("compute", billable * vcpus), ("storage", paused_seconds * volume_gib), ("minimum", 500)] {
+        let series = format!("hangar_billed_cents_total{{namespace=\"{ns}\",tenant=\"acme\",part=\"{part}\"}} {cents}");
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "{series} in:\n{}",
+            metrics.lines().filter(|l| l.contains("billed")).collect::<Vec<_>>().join("\n")
+        );
+    }
 }

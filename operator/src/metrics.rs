@@ -20,6 +20,10 @@ use crate::ec2::CallCounts;
 
 /// Raw samples kept per series; older ones are dropped first.
 const MAX_SAMPLES: usize = 100_000;
+/// Namespace and tenant pairs the billing series name; any more are
+/// counted under `other`, so a cluster of many tenants cannot grow the
+/// exposition without bound.
+const MAX_BILLED_PAIRS: usize = 500;
 
 pub struct Metrics {
     pub reconciles: Counter,
@@ -33,6 +37,10 @@ pub struct Metrics {
     /// Session nodes' requests for commands refused (another session's,
     /// or not a node account).
     pub node_commands_refused: Counter,
+    /// Cents billed by ended sessions, by namespace, tenant and part
+    /// (`minimum`, `compute`, `idle`, `storage`; idle is within compute).
+    billed_cents: Family<Vec<(String, String)>, Counter>,
+    billed_pairs: Mutex<std::collections::HashSet<(String, String)>>,
     /// Workspace key requests by result: `granted` or the refusal's reason.
     workspace_key_requests: Family<Vec<(String, String)>, Counter>,
     /// Key request received → key sent, for granted ones.
@@ -90,6 +98,8 @@ impl Default for Metrics {
             image_preflight_checks: Counter::default(),
             foreign_key_secrets: Counter::default(),
             node_commands_refused: Counter::default(),
+            billed_cents: Family::default(),
+            billed_pairs: Mutex::default(),
             workspace_key_requests: Family::default(),
             workspace_key_handover: Histogram::new(latency_buckets()),
             node_ready_to_running: Histogram::new(latency_buckets()),
@@ -122,6 +132,11 @@ impl Metrics {
             "node_commands_refused",
             "Requests for a session's commands refused (not that session's node)",
             self.node_commands_refused.clone(),
+        );
+        registry.register(
+            "billed_cents",
+            "Cents billed by ended sessions, by namespace, tenant and part (idle is within compute)",
+            self.billed_cents.clone(),
         );
         registry.register(
             "workspace_key_requests",
@@ -165,6 +180,38 @@ impl Metrics {
     pub fn workspace_key_granted(&self, took: std::time::Duration) {
         self.workspace_key_requests.get_or_create(&vec![("result".into(), "granted".into())]).inc();
         self.workspace_key_handover.observe(took.as_secs_f64());
+    }
+
+    /// Counts an ended session's trued-up record, once, when its end is
+    /// written.
+    pub fn billed(&self, namespace: &str, tenant: Option<&str>, record: &hangar_crds::sandbox::Billing) {
+        let tenant = tenant.unwrap_or("").to_owned();
+        let (namespace, tenant) = {
+            let mut pairs = self.billed_pairs.lock().unwrap_or_else(|p| p.into_inner());
+            let pair = (namespace.to_owned(), tenant);
+            if pairs.contains(&pair) || pairs.len() < MAX_BILLED_PAIRS {
+                pairs.insert(pair.clone());
+                pair
+            } else {
+                ("other".to_owned(), "other".to_owned())
+            }
+        };
+        // The minimum is in the total only once the instance has run.
+        let (compute, storage) = (record.compute_cents.unwrap_or(0), record.storage_cents.unwrap_or(0));
+        let minimum = record.total_cents.map(|total| total - compute - storage);
+        for (part, cents) in [
+            ("minimum", minimum),
+            ("compute", record.compute_cents),
+            ("idle", record.idle_cents),
+            ("storage", record.storage_cents),
+        ] {
+            let labels = vec![
+                ("namespace".into(), namespace.clone()),
+                ("tenant".into(), tenant.clone()),
+                ("part".into(), part.into()),
+            ];
+            self.billed_cents.get_or_create(&labels).inc_by(cents.unwrap_or(0).max(0) as u64);
+        }
     }
 
     pub fn workspace_key_refused(&self, reason: &str) {

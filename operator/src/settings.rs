@@ -106,6 +106,24 @@ pub struct Settings {
     /// seconds either way.
     #[arg(long, env = "HANGAR_STOP_AFTER_SECOND_MILLIS", default_value_t = 1000)]
     pub stop_after_second_millis: u64,
+    /// Billing: one vCPU for one hour of metered compute, in thousandths
+    /// of a cent (6000: 6 cents).
+    #[arg(long, env = "HANGAR_PRICE_VCPU_HOUR_MILLICENTS", default_value_t = 6_000)]
+    pub price_vcpu_hour_millicents: i64,
+    /// Billing: one GiB of a paused session's volume for one started hour,
+    /// in thousandths of a cent.
+    #[arg(long, env = "HANGAR_PRICE_STORAGE_GIB_HOUR_MILLICENTS", default_value_t = 14)]
+    pub price_storage_gib_hour_millicents: i64,
+    /// Billing: charged once, when a session's instance first runs (A$5.00).
+    #[arg(long, env = "HANGAR_MINIMUM_CHARGE_CENTS", default_value_t = 500)]
+    pub minimum_charge_cents: i64,
+    /// Billing: metered compute the minimum covers (the free hour).
+    #[arg(long, env = "HANGAR_FREE_COMPUTE_SECONDS", default_value_t = 3_600)]
+    pub free_compute_seconds: i64,
+    /// Billing: the length of an hour in seconds (3600; tests scale the
+    /// storage hours and rates down with it).
+    #[arg(long, env = "HANGAR_BILLING_HOUR_SECONDS", default_value_t = 3_600)]
+    pub billing_hour_seconds: i64,
     /// The longest a session stays paused before it ends (7 days).
     #[arg(long, env = "HANGAR_MAX_PAUSE_SECONDS", default_value_t = 7 * 86_400)]
     pub max_pause_seconds: u64,
@@ -212,6 +230,16 @@ impl Settings {
     }
 
     /// One second of `stopAfterSeconds`.
+    pub fn prices(&self) -> hangar_core::billing::Prices {
+        hangar_core::billing::Prices {
+            vcpu_hour_millicents: self.price_vcpu_hour_millicents,
+            storage_gib_hour_millicents: self.price_storage_gib_hour_millicents,
+            minimum_charge_cents: self.minimum_charge_cents,
+            free_seconds: self.free_compute_seconds,
+            hour_seconds: self.billing_hour_seconds.max(1),
+        }
+    }
+
     pub fn stop_after_second(&self) -> Duration {
         Duration::from_millis(self.stop_after_second_millis.max(1))
     }

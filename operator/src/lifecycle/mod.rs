@@ -6,6 +6,7 @@
 //! the benchmark's timing (`tracking`).
 
 pub mod actions;
+pub mod billing;
 pub mod conditions;
 pub mod finalizer;
 pub mod observe;
@@ -97,6 +98,8 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         }
     }
     tracking::track_prerequisites(&ctx, (&ns, &name, &session_id), &current, &status, &obs.observed);
+    status.billing =
+        Some(billing::record(&ctx.settings, &sandbox, &status, k8s_openapi::jiff::Timestamp::now().as_second()));
     status.observed_generation = sandbox.metadata.generation;
     status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);
     if status != current {
@@ -109,6 +112,11 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
                 return Ok(Requeue::requeue(Duration::from_millis(100)));
             }
             other => other?,
+        }
+        if status.phase == Some(Phase::Ended)
+            && let Some(record) = &status.billing
+        {
+            ctx.metrics.billed(&ns, sandbox.spec.tenant.as_deref(), record);
         }
     }
     for (reason, note) in &plan.events {
