@@ -180,6 +180,12 @@ pub async fn serve<H, F, B>(
             },
             _ = &mut shutdown => break,
         };
+        // Requests and answers are small and each waits for the other: with
+        // Nagle's algorithm a second small write waits for the peer's
+        // delayed ACK (40 ms on Linux).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
+        }
         let acceptor = acceptor.clone();
         let handler = handler.clone();
         let watcher = graceful.watcher();
