@@ -229,7 +229,7 @@ impl Settings {
         self.subnets.iter().map(|(z, s)| (z.clone(), Some(s.clone()))).collect()
     }
 
-    /// One second of `stopAfterSeconds`.
+    /// The billing record's prices (`docs/billing.md`).
     pub fn prices(&self) -> hangar_core::billing::Prices {
         hangar_core::billing::Prices {
             vcpu_hour_millicents: self.price_vcpu_hour_millicents,
@@ -240,6 +240,7 @@ impl Settings {
         }
     }
 
+    /// One second of `stopAfterSeconds`.
     pub fn stop_after_second(&self) -> Duration {
         Duration::from_millis(self.stop_after_second_millis.max(1))
     }

@@ -111,12 +111,7 @@ async fn run(stack: &LocalStack, runs: usize) {
     // so the steady phase below measures the webhook, not their upkeep.
     let ended: Vec<String> =
         std::iter::once("base".to_owned()).chain((0..runs).map(|r| format!("burst-{r}"))).collect();
-    for name in &ended {
-        sessions::set_state(&boxes, name, "Ended").await.unwrap();
-    }
-    for name in &ended {
-        sessions::wait_phase(stack, &boxes, name, hangar_crds::Phase::Ended).await;
-    }
+    end_all(stack, &boxes, &ended).await;
 
     let base = pct(single.clone(), 0.5).max(1);
     let burst = pct(bursts.clone(), 0.5);
@@ -236,12 +231,7 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     let elapsed = started.elapsed().as_secs_f64();
     let load_after = load_average();
     // Their nodes go, so the next phase stands on as many sessions.
-    for i in 0..SESSIONS {
-        sessions::set_state(&boxes, &format!("{prefix}-{i}"), "Ended").await.unwrap();
-    }
-    for i in 0..SESSIONS {
-        sessions::wait_phase(stack, &boxes, &format!("{prefix}-{i}"), hangar_crds::Phase::Ended).await;
-    }
+    end_all(stack, &boxes, &(0..SESSIONS).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>()).await;
     let ms = |us: u64| us as f64 / 1000.0;
     println!();
     println!(
@@ -252,21 +242,24 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     println!();
     println!("| figure | p50 | p90 | p99 | max | target |");
     println!("| --- | --- | --- | --- | --- | --- |");
-    println!(
-        "| baseline: a review answered without a decision, {rate}/s (ms) | {:.2} | {:.2} | {:.2} | {:.2} | |",
-        ms(pct(floor.clone(), 0.5)),
-        ms(pct(floor.clone(), 0.9)),
-        ms(pct(floor.clone(), 0.99)),
-        ms(*floor.iter().max().unwrap_or(&0))
-    );
-    println!(
-        "| one review decided, {rate}/s{} (ms) | {:.2} | {:.2} | {:.2} | {:.2} | p99 < 5 |",
-        if as_tokens { ", as session tokens (scope check)" } else { "" },
-        ms(pct(micros.clone(), 0.5)),
-        ms(pct(micros.clone(), 0.9)),
-        ms(pct(micros.clone(), 0.99)),
-        ms(*micros.iter().max().unwrap_or(&0))
-    );
+    let row = |figure: String, us: &[u64], target: &str| {
+        let p = |q: f64| ms(pct(us.to_vec(), q));
+        let max = ms(*us.iter().max().unwrap_or(&0));
+        println!("| {figure} | {:.2} | {:.2} | {:.2} | {max:.2} | {target} |", p(0.5), p(0.9), p(0.99));
+    };
+    row(format!("baseline: a review answered without a decision, {rate}/s (ms)"), &floor, "");
+    let scope = if as_tokens { ", as session tokens (scope check)" } else { "" };
+    row(format!("one review decided, {rate}/s{scope} (ms)"), &micros, "p99 < 5");
+}
+
+/// Ends the sessions `names` and waits until each has ended.
+async fn end_all(stack: &LocalStack, boxes: &Api<Sandbox>, names: &[String]) {
+    for name in names {
+        sessions::set_state(boxes, name, "Ended").await.unwrap();
+    }
+    for name in names {
+        sessions::wait_phase(stack, boxes, name, hangar_crds::Phase::Ended).await;
+    }
 }
 
 /// Sends `body(i)` to `url` at `rate` per second for `seconds`; each

@@ -37,8 +37,9 @@ pub enum AdmissionError {
 }
 
 impl AdmissionError {
-    /// A failure that asking again shortly may not meet: the decider could
-    /// not be reached, was changing leader (503) or held back (429).
+    /// A failure that may be gone when asked again shortly: the decider
+    /// could not be reached, was changing leader (502/503) or held the
+    /// request back (429).
     pub fn is_transient(&self) -> bool {
         use http::StatusCode;
         match self {
