@@ -5,9 +5,11 @@
 use hangar_crds::SandboxStatus;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-/// When the session ended: its last reset step's confirmation.
+/// When the session ended: its last reset step's confirmation before the
+/// certificate (which records this time, so signing it cannot move it).
 pub fn ended_at(status: &SandboxStatus) -> Option<Timestamp> {
-    status.reset.iter().map(|r| r.confirmed_at.0).max()
+    let signing = crate::session::reset::ResetStep::SignCertificate.as_str();
+    status.reset.iter().filter(|r| r.step != signing).map(|r| r.confirmed_at.0).max()
 }
 
 /// `ended + days` (a day being `day_seconds` long, shorter in tests).

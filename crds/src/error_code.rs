@@ -40,10 +40,13 @@ pub enum ErrorCode {
     /// Not in the contract's table: the gateway's per-caller and long-poll
     /// limits (429, with Retry-After).
     RateLimited,
+    /// Not in the contract's table: the session certificate is asked for
+    /// before the reset has signed it (409).
+    SandboxCertificatePending,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadRequest,
         ErrorCode::SandboxRequestInvalid,
         ErrorCode::TokenInvalid,
@@ -68,6 +71,7 @@ impl ErrorCode {
         ErrorCode::AttachmentForbidden,
         ErrorCode::SandboxLiveSnapshotUnsupported,
         ErrorCode::RateLimited,
+        ErrorCode::SandboxCertificatePending,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -96,6 +100,7 @@ impl ErrorCode {
             ErrorCode::AttachmentForbidden => "sandbox_attachment_forbidden",
             ErrorCode::SandboxLiveSnapshotUnsupported => "sandbox_live_snapshot_unsupported",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::SandboxCertificatePending => "sandbox_certificate_pending",
         }
     }
 
@@ -112,7 +117,8 @@ impl ErrorCode {
             | ErrorCode::SandboxCommandLimit
             | ErrorCode::SandboxTokenLimit
             | ErrorCode::SandboxEnded
-            | ErrorCode::ImagePreflightPending => 409,
+            | ErrorCode::ImagePreflightPending
+            | ErrorCode::SandboxCertificatePending => 409,
             ErrorCode::SandboxOutputErased => 410,
             ErrorCode::PreflightArchitecture
             | ErrorCode::PreflightTooLarge

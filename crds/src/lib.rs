@@ -25,7 +25,8 @@ pub use error_code::ErrorCode;
 pub use sandbox::{
     Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CheckedImage, CommandCounts, Companion,
     DesiredState, Egress, IdleAction, IdlePolicy, ImagePreflight, Interruption, InterruptionCause, Mode, PauseProgress,
-    Phase, PreflightState, ResetStepStatus, ResumeFailure, Sandbox, SandboxSpec, SandboxStatus, Size, TENANT_LABEL,
+    Phase, PreflightState, ResetPending, ResetStepStatus, ResumeFailure, Sandbox, SandboxSpec, SandboxStatus, Size,
+    TENANT_LABEL,
 };
 pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
 pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};

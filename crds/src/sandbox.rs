@@ -291,6 +291,11 @@ pub struct SandboxStatus {
     /// reset_incomplete, ended, failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reset: Vec<ResetStepStatus>,
+    /// While the reset runs (phases stopping, reset_incomplete): the step
+    /// not yet confirmed, what it waits for or why it failed, and since
+    /// when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_pending: Option<ResetPending>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -407,10 +412,20 @@ pub enum InterruptionCause {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResetStepStatus {
-    /// `cancel_queued_commands`, `terminate_instance`, `delete_volume`,
-    /// `destroy_key`.
+    /// `revoke_tokens`, `cancel_queued_commands`, `terminate_instance`,
+    /// `delete_volume`, `destroy_key`, `sign_certificate`.
     pub step: String,
     pub confirmed_at: Time,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetPending {
+    pub step: String,
+    /// What the step waits for, or (phase reset_incomplete) why its last
+    /// try failed.
+    pub message: String,
+    pub since: Time,
 }
 
 /// Session phase. `failed`: ended before its instance existed, the reset
@@ -493,11 +508,16 @@ pub struct Billing {
 pub struct Certificate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signed_at: Option<Time>,
-    /// Name of the Secret or object holding the signed record.
+    /// Where the signed record is kept: its object key in the output
+    /// store (the gateway serves it at `GET /v1/sandboxes/{id}/certificate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record_ref: Option<String>,
+    /// `sha256:<hex>` of the signed record's bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// The id of the key that signed it (keys rotate by id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

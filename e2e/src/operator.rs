@@ -156,6 +156,9 @@ impl OperatorProcess {
             .env("HANGAR_DEBUG_SAMPLES", "true")
             .env("HANGAR_REGISTRY_ENDPOINTS", &self.registry_endpoints)
             .env("HANGAR_TEMPLATE_KEYS", crate::templates::trusted_keys_env())
+            // The same store the workers write and the gateway reads: the
+            // signed session certificates go there.
+            .env("HANGAR_OUTPUT_STORE", self.log.with_file_name("output"))
             .env("HANGAR_WORKSPACE_KEY_LISTEN", format!("127.0.0.1:{}", self.key_service.port))
             .env(
                 "HANGAR_ADMISSION_CALLERS",

@@ -129,6 +129,16 @@ impl LocalStack {
         hangar_output::OutputStore::local(&self.cp.dir().join("output")).expect("output store")
     }
 
+    /// The `hangar` CLI pointed at this stack: its kubeconfig, the
+    /// gateway and the CA to trust for it (a gateway token still to give).
+    pub fn hangar_cli(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(crate::operator::workspace_binary("hangar"));
+        cmd.env("KUBECONFIG", &self.cp.kubeconfig)
+            .env("HANGAR_GATEWAY", format!("https://127.0.0.1:{}", self.gateway.port))
+            .env("HANGAR_GATEWAY_CA", &self.cp.pki.ca_cert);
+        cmd
+    }
+
     /// An HTTPS client for the gateway.
     pub fn gateway_client(&self) -> GatewayClient {
         GatewayClient::new(&self.cp, self.gateway.port)

@@ -36,6 +36,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "Snapshots: live_state is 501 sandbox_live_snapshot_unsupported",
         "member",
     ),
+    (
+        "get",
+        "/v1/sandboxes/{id}/certificate",
+        "The signed session certificate (409 sandbox_certificate_pending until the reset signs it)",
+        "member | token:read",
+    ),
     ("post", "/v1/sandbox-session/pause", "Pause the token's session", "token:control"),
     ("post", "/v1/sandbox-session/resume", "Resume the token's session", "token:control"),
     ("post", "/v1/sandbox-session/stop", "End the token's session", "token:control"),

@@ -85,6 +85,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/sandboxes/{id}/tokens", post(mint_token))
         .route("/v1/sandboxes/{id}/tokens/{name}", delete(revoke_token))
         .route("/v1/sandboxes/{id}/snapshots", post(snapshot))
+        .route("/v1/sandboxes/{id}/certificate", get(certificate))
         .route("/v1/sandbox-session/pause", post(|s, c| token_lifecycle(s, c, requests::Request::Pause)))
         .route("/v1/sandbox-session/resume", post(|s, c| token_lifecycle(s, c, requests::Request::Resume)))
         .route("/v1/sandbox-session/stop", post(|s, c| token_lifecycle(s, c, requests::Request::Stop)))
@@ -135,12 +136,13 @@ pub enum Act {
     MintToken,
     RevokeToken,
     Snapshot,
+    Certificate,
 }
 
 impl Act {
     fn token_action(self) -> Action {
         match self {
-            Act::State => Action::ReadState,
+            Act::State | Act::Certificate => Action::ReadState,
             Act::Attach => Action::Attach,
             Act::ListCommands => Action::ListCommands,
             Act::ReadOutput => Action::ReadOutput,
@@ -156,7 +158,7 @@ impl Act {
 
     fn rbac(self) -> (&'static str, &'static str) {
         match self {
-            Act::State | Act::Attach => ("get", "sandboxes"),
+            Act::State | Act::Attach | Act::Certificate => ("get", "sandboxes"),
             Act::ListCommands => ("list", "commands"),
             Act::ReadOutput => ("get", "commands"),
             Act::SendCommand => ("create", "commands"),
@@ -280,6 +282,34 @@ async fn authorised(gw: &Gateway, call: &Call, id: &str, act: Act) -> Result<Aut
 async fn state(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, call: Call) -> Reply {
     let a = authorised(&gw, &call, &id, Act::State).await?;
     ok(StatusCode::OK, views::session(&a.session))
+}
+
+/// The signed session certificate, as stored (verify it offline with
+/// `hangar cert verify`); 409 `sandbox_certificate_pending` until the reset
+/// has signed it.
+async fn certificate(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    call: Call,
+) -> Result<axum::response::Response, ApiError> {
+    let a = authorised(&gw, &call, &id, Act::Certificate).await?;
+    let session_id = a.session.uid().unwrap_or_default();
+    let signed = a.session.status.as_ref().and_then(|s| s.certificate.as_ref()).is_some_and(|c| c.signed_at.is_some());
+    let stored = if signed {
+        gw.output.store.certificate(&session_id).await.map_err(|e| {
+            tracing::warn!(error = %e, "could not read a session certificate from the output store");
+            ApiError::internal("the output store did not answer; try again")
+        })?
+    } else {
+        None
+    };
+    let Some(file) = stored else {
+        return Err(ApiError::new(
+            ErrorCode::SandboxCertificatePending,
+            "the session certificate is signed when the session's reset completes",
+        ));
+    };
+    Ok(axum::response::IntoResponse::into_response(([(axum::http::header::CONTENT_TYPE, "application/json")], file)))
 }
 
 async fn list_commands(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, call: Call) -> Reply {

@@ -10,6 +10,8 @@
 //!   signature, checked against the regional certificate
 //! - `template_signing`: Ed25519 signatures of template releases, the
 //!   platform's trusted keys
+//! - `session_certificate`: the signed session certificate file (Ed25519
+//!   over canonical JSON)
 //!
 //! Raw key bytes are `zeroize::Zeroizing`: wiped from memory when dropped.
 
@@ -17,6 +19,7 @@ pub mod instance_identity;
 pub mod proof;
 pub mod seal;
 pub mod session;
+pub mod session_certificate;
 pub mod template_signing;
 pub mod token;
 

@@ -23,6 +23,8 @@ pub struct Context {
     pub leases: Store<Lease>,
     /// Every Command, for the per-session counts in the Sandbox status.
     pub commands: Store<hangar_crds::Command>,
+    /// Where the signed session certificates are kept.
+    pub output_store: hangar_output::OutputStore,
     /// Seals the workspace keys (the operator's alone).
     pub org_key: OrgKey,
     /// Seals the output keys (shared with the gateway, which reads output).

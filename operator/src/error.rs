@@ -15,6 +15,8 @@ pub enum Error {
     MissingField(&'static str),
     #[error("the reset of the session is not complete yet")]
     ResetPending,
+    #[error("session certificate: {0}")]
+    Certificate(#[from] crate::certificates::CertificateError),
     #[error("Secret {0} holds no key hangar sealed for this session: refused, the session waits")]
     ForeignKeySecret(String),
 }

@@ -21,6 +21,7 @@
 //! - `output_retention`: destroying them `outputRetentionDays` after the end
 //! - `metrics`: the prometheus-client registry and the raw benchmark samples
 
+pub mod certificates;
 pub mod command_ledger;
 pub mod commands;
 pub mod context;

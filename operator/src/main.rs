@@ -96,6 +96,11 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         load_or_make_key(&client, &settings, output_keys::OUTPUT_KEK_SECRET, "the output key-encryption key")
     })
     .await;
+    let output_store = hangar_output::OutputStore::from_url(
+        &settings.output_store,
+        &settings.output_s3_region,
+        settings.output_s3_endpoint.as_deref(),
+    )?;
     let instances = InstanceWatcher::default();
     // The first view of EC2 before any reconcile: a session must never be
     // judged "no instance" just because nothing has been described yet.
@@ -135,6 +140,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         commands,
         org_key,
         output_kek,
+        output_store,
         recorder,
         metrics,
         failures: Default::default(),

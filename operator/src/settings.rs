@@ -89,10 +89,20 @@ pub struct Settings {
     /// benchmark). Off by default: it names every tenant's sessions.
     #[arg(long, env = "HANGAR_DEBUG_SAMPLES", default_value_t = false, action = clap::ArgAction::Set)]
     pub debug_samples: bool,
-    /// Output store URL (used by later controllers).
-    #[arg(long, env = "HANGAR_OUTPUT_STORE")]
-    pub output_store: Option<String>,
-    /// Print the parsed settings and exit (checks a deployment's flags).
+    /// The output store (`s3://bucket` or a local directory, as the
+    /// gateway's): the operator keeps the signed session certificates there.
+    #[arg(long, env = "HANGAR_OUTPUT_STORE", default_value = "/var/lib/hangar/output")]
+    pub output_store: String,
+    #[arg(long, env = "HANGAR_OUTPUT_S3_REGION", default_value = "us-east-1")]
+    pub output_s3_region: String,
+    /// Overrides the S3 endpoint (a local S3 in tests).
+    #[arg(long, env = "HANGAR_OUTPUT_S3_ENDPOINT")]
+    pub output_s3_endpoint: Option<String>,
+    /// Secret (in the operator's namespace) with the session certificate
+    /// signing key: `key-id`, `signing-key` (base64 Ed25519 PKCS#8),
+    /// `public-key`. Made with a new key when absent; replace it to rotate.
+    #[arg(long, env = "HANGAR_CERTIFICATE_SIGNING_SECRET", default_value = "hangar-certificate-signing")]
+    pub certificate_signing_secret: String,
     /// Length of one retention "day" in seconds (86400). Tests scale the
     /// retention clock down with it.
     #[arg(long, env = "HANGAR_RETENTION_DAY_SECONDS", default_value_t = 86400)]

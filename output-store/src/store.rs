@@ -118,6 +118,27 @@ impl OutputStore {
         }
     }
 
+    fn certificate_path(session: &str) -> Path {
+        Path::from(format!("{session}/certificate.json"))
+    }
+
+    /// Stores the session's signed certificate (replacing one a crashed
+    /// pass stored before it could record it); its object key.
+    pub async fn put_certificate(&self, session: &str, file: Vec<u8>) -> Result<String, object_store::Error> {
+        let path = Self::certificate_path(session);
+        self.store.put(&path, PutPayload::from(file)).await?;
+        Ok(path.to_string())
+    }
+
+    /// The session's signed certificate, once there is one.
+    pub async fn certificate(&self, session: &str) -> Result<Option<Bytes>, object_store::Error> {
+        match self.store.get(&Self::certificate_path(session)).await {
+            Ok(r) => Ok(Some(r.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn prefix(session: &str, command: u32) -> Path {
         Path::from(format!("{session}/cmd/{command}"))
     }

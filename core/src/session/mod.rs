@@ -1,5 +1,6 @@
 //! The session: its phases, the instance it runs on, how it ends.
 
+pub mod certificate;
 pub mod ending;
 pub mod instance;
 pub mod node_choice;

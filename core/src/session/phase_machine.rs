@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use hangar_crds::{
     Attempt, AttemptCause, AttemptEnd, CheckedImage, ImagePreflight, Interruption, InterruptionCause, Mode,
-    PauseProgress, Phase, PreflightState, ResetStepStatus, SandboxStatus,
+    PauseProgress, Phase, PreflightState, ResetPending, ResetStepStatus, SandboxStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -83,6 +83,9 @@ pub struct Observed {
     pub agent: AgentState,
     pub key_present: bool,
     pub unfinished_commands: usize,
+    /// Tokens of the session still active with more than `read` scope
+    /// (read only while the session ends).
+    pub tokens_to_revoke: usize,
     pub pause_grace: Duration,
     /// The resume request the Sandbox makes now
     /// (`super::requests::resume_request`).
@@ -146,10 +149,30 @@ pub enum Action {
     /// Every command marked running ends `outcome_unknown` (it ran on an
     /// attempt that was lost) and never runs again.
     SettleInterruptedCommands,
+    /// Every token of the session beyond `read` scope is revoked.
+    RevokeTokens,
     CancelQueuedCommands,
     TerminateInstance,
     DeleteVolume,
     DestroyKey,
+    /// Build, sign and store the session certificate (records
+    /// `status.certificate`).
+    SignCertificate,
+}
+
+impl Action {
+    /// The reset step this action carries out, if it is one.
+    pub const fn reset_step(&self) -> Option<ResetStep> {
+        Some(match self {
+            Self::RevokeTokens => ResetStep::RevokeTokens,
+            Self::CancelQueuedCommands => ResetStep::CancelQueuedCommands,
+            Self::TerminateInstance => ResetStep::TerminateInstance,
+            Self::DeleteVolume => ResetStep::DeleteVolume,
+            Self::DestroyKey => ResetStep::DestroyKey,
+            Self::SignCertificate => ResetStep::SignCertificate,
+            _ => return None,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -792,6 +815,16 @@ fn confirmed(status: &SandboxStatus, step: ResetStep) -> bool {
     status.reset.iter().any(|s| s.step == step.as_str())
 }
 
+/// The step the reset waits on, and why; `since` kept while it stays the
+/// same step.
+pub fn pending(p: &mut Plan, step: ResetStep, now: Timestamp, message: String) {
+    let since = match &p.status.reset_pending {
+        Some(r) if r.step == step.as_str() => r.since.clone(),
+        _ => ts(now),
+    };
+    p.status.reset_pending = Some(ResetPending { step: step.as_str().to_owned(), message, since });
+}
+
 fn stopping(p: &mut Plan, obs: &Observed) {
     let instance_gone = obs.instance.is_none_or(|s| s == InstanceState::Terminated);
     if instance_gone || matches!(obs.instance, Some(InstanceState::ShuttingDown)) {
@@ -803,25 +836,33 @@ fn stopping(p: &mut Plan, obs: &Observed) {
         }
         if step == ResetStep::TerminateInstance && obs.instance == Some(InstanceState::ShuttingDown) {
             // Termination is under way: wait for it rather than ask again.
+            pending(p, step, obs.now, "waiting for the instance to finish terminating".to_owned());
             p.requeue_after = Some(Duration::from_secs(2));
             return;
         }
         let (done, action) = match step {
+            ResetStep::RevokeTokens => (obs.tokens_to_revoke == 0, Action::RevokeTokens),
             ResetStep::CancelQueuedCommands => (obs.unfinished_commands == 0, Action::CancelQueuedCommands),
             ResetStep::TerminateInstance => (instance_gone, Action::TerminateInstance),
             ResetStep::DeleteVolume => (obs.volume == VolumeState::Absent, Action::DeleteVolume),
             ResetStep::DestroyKey => (!obs.key_present, Action::DestroyKey),
+            ResetStep::SignCertificate => {
+                (p.status.certificate.as_ref().is_some_and(|c| c.signed_at.is_some()), Action::SignCertificate)
+            }
         };
         if done {
             p.status.reset.push(ResetStepStatus { step: step.as_str().to_owned(), confirmed_at: ts(obs.now) });
             continue;
         }
         // Steps run in order: the volume is deleted only once the instance
-        // that held it is gone, the key only once the volume is.
+        // that held it is gone, the key only once the volume is, the
+        // certificate signed only once everything it records is final.
+        pending(p, step, obs.now, step.waiting_for().to_owned());
         p.actions.push(action);
         p.requeue_after = Some(Duration::from_secs(2));
         return;
     }
+    p.status.reset_pending = None;
     let failed = p.status.instance_id.is_none() && p.status.attempts.iter().all(|a| a.started_at.is_none());
     p.status.volume_attached = None;
     p.status.node_name = None;
@@ -853,6 +894,7 @@ mod tests {
             agent: AgentState::Absent,
             key_present: true,
             unfinished_commands: 0,
+            tokens_to_revoke: 0,
             pause_grace: Duration::from_secs(90),
             resume_request: "1/".into(),
             idle: None,
@@ -930,19 +972,16 @@ mod tests {
             ..obs(0)
         };
         let p = plan(&SandboxStatus::default(), &o);
-        assert!(
-            !p.actions.iter().any(|a| matches!(
-                a,
-                Action::Launch | Action::EnsureKey | Action::TerminateInstance | Action::DeleteVolume
-            )),
-            "{:?}",
-            p.actions
-        );
+        assert_eq!(p.actions, vec![Action::SignCertificate], "no EC2 call, only the certificate");
+        assert_eq!(p.status.reset_pending.as_ref().map(|r| r.step.as_str()), Some("sign_certificate"));
+        assert!(p.events.iter().any(|(r, _)| *r == "PreflightFailed"));
+        let p = plan(&signed(p.status), &o);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status.reset_pending, None);
         assert_eq!(p.status.phase, Some(Phase::Failed));
         assert_eq!(p.status.stop_reason.as_deref(), Some("preflight_architecture: r/i is a linux/amd64 image"));
         let pre = p.status.image_preflight.unwrap();
         assert_eq!((pre.state, pre.code.as_deref()), (PreflightState::Refused, Some("preflight_architecture")));
-        assert!(p.events.iter().any(|(r, _)| *r == "PreflightFailed"));
     }
 
     #[test]
@@ -1167,15 +1206,25 @@ mod tests {
     #[test]
     fn reset_runs_its_steps_in_order_each_confirmed_by_observation() {
         let s = SandboxStatus { attempt: Some(1), instance_id: Some("i-1".into()), ..status(Phase::Running) };
-        let mut o = Observed { desired: Desired::End(StopReason::Cancelled), unfinished_commands: 2, ..ready(0, 1) };
+        let mut o = Observed {
+            desired: Desired::End(StopReason::Cancelled),
+            unfinished_commands: 2,
+            tokens_to_revoke: 3,
+            ..ready(0, 1)
+        };
         let p = plan(&s, &o);
         assert_eq!(p.status.phase, Some(Phase::Stopping));
+        assert_eq!(p.actions, vec![Action::RevokeTokens]);
+        assert_eq!(p.status.reset_pending.as_ref().map(|r| r.step.as_str()), Some("revoke_tokens"));
+
+        o.tokens_to_revoke = 0;
+        let p = plan(&p.status, &o);
         assert_eq!(p.actions, vec![Action::CancelQueuedCommands]);
 
         o.unfinished_commands = 0;
         let p = plan(&p.status, &o);
         assert_eq!(p.actions, vec![Action::TerminateInstance]);
-        assert_eq!(p.status.reset.len(), 1);
+        assert_eq!(p.status.reset.len(), 2);
 
         o.instance = Some(InstanceState::Terminated);
         let p = plan(&p.status, &o);
@@ -1188,7 +1237,20 @@ mod tests {
 
         o.key_present = false;
         let p = plan(&p.status, &o);
+        assert_eq!(p.actions, vec![Action::SignCertificate], "signed last, once all else is confirmed");
+        assert_eq!(p.status.phase, Some(Phase::Stopping));
+        let since = p.status.reset_pending.clone().unwrap().since;
+
+        // Not signed yet (a failed store, a crash): still pending, since
+        // the same time.
+        let later = Observed { now: at(9), ..o.clone() };
+        let p = plan(&p.status, &later);
+        assert_eq!(p.actions, vec![Action::SignCertificate]);
+        assert_eq!(p.status.reset_pending.clone().unwrap().since, since);
+
+        let p = plan(&signed(p.status), &later);
         assert!(p.actions.is_empty());
+        assert_eq!(p.status.reset_pending, None);
         assert_eq!(p.status.phase, Some(Phase::Ended));
         let steps: Vec<&str> = p.status.reset.iter().map(|s| s.step.as_str()).collect();
         assert_eq!(steps, ResetStep::ORDER.map(ResetStep::as_str));
@@ -1216,8 +1278,15 @@ mod tests {
         let reason = StopReason::LaunchFailed("InvalidAMIID.NotFound: no such AMI".into());
         let o = Observed { desired: Desired::End(reason), volume: VolumeState::Absent, key_present: false, ..obs(0) };
         let p = plan(&SandboxStatus::default(), &o);
+        assert_eq!(p.actions, vec![Action::SignCertificate]);
+        let p = plan(&signed(p.status), &o);
         assert_eq!(p.status.phase, Some(Phase::Failed));
         assert_eq!(p.status.stop_reason.as_deref(), Some("launch_failed: InvalidAMIID.NotFound: no such AMI"));
+    }
+
+    fn signed(mut s: SandboxStatus) -> SandboxStatus {
+        s.certificate = Some(hangar_crds::Certificate { signed_at: Some(Time(at(5))), ..Default::default() });
+        s
     }
 
     #[test]

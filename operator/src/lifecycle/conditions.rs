@@ -26,9 +26,15 @@ pub fn ready(previous: &[Condition], status: &SandboxStatus, generation: Option<
         },
         Phase::Resuming => ("False", "Resuming", "starting the same instance again".to_owned()),
         Phase::Interrupted => ("False", "Interrupted", "the instance or its worker stopped reporting".to_owned()),
-        Phase::Stopping => ("False", "Stopping", "running the reset".to_owned()),
+        Phase::Stopping => {
+            let step = status.reset_pending.as_ref().map_or("", |p| p.message.as_str());
+            ("False", "Stopping", format!("running the reset: {step}"))
+        }
         Phase::ResetIncomplete => {
-            ("False", "ResetIncomplete", "a reset step is not confirmed yet; retrying".to_owned())
+            let pending = status.reset_pending.as_ref();
+            let step = pending.map_or("unknown", |p| p.step.as_str());
+            let why = pending.map_or("", |p| p.message.as_str());
+            ("False", "ResetIncomplete", format!("reset step {step} is not confirmed: {why}"))
         }
         Phase::Ended => ("False", "Ended", format!("ended: {}", status.stop_reason.as_deref().unwrap_or("unknown"))),
         Phase::Failed => ("False", "Failed", format!("failed: {}", status.stop_reason.as_deref().unwrap_or("unknown"))),

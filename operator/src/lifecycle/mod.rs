@@ -80,9 +80,24 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             failure = Some(e);
             break;
         }
+        if let Some(step) = action.reset_step() {
+            // Crash tests: right after the step's side effect, before the
+            // status records anything of it.
+            crate::failpoint::hit(&format!("reset:{}", step.as_str()));
+        }
     }
-    if failure.is_some() && matches!(status.phase, Some(Phase::Stopping)) {
-        status.phase = Some(Phase::ResetIncomplete);
+    // The reset: `reset_incomplete` while a step's last try failed (the
+    // pending step says why), back to `stopping` once a pass goes through.
+    if matches!(status.phase, Some(Phase::Stopping | Phase::ResetIncomplete)) {
+        match &failure {
+            Some(e) => {
+                status.phase = Some(Phase::ResetIncomplete);
+                if let Some(pending) = status.reset_pending.as_mut() {
+                    pending.message = format!("failed: {e}; retrying");
+                }
+            }
+            None => status.phase = Some(Phase::Stopping),
+        }
     }
     if let Some(node) = status.node_name.as_deref()
         && !matches!(status.phase, Some(Phase::Ended | Phase::Failed))

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hangar_crds::{CommandPhase, DesiredState, Phase, Sandbox, heartbeat};
+use hangar_crds::{CommandPhase, DesiredState, Phase, Sandbox, Scope, SessionToken, TokenPhase, heartbeat};
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
@@ -31,6 +31,27 @@ pub struct Observation {
     /// Every image the session runs (read only while the preflight is
     /// still to pass).
     pub images: Vec<String>,
+}
+
+/// The session's tokens the reset still has to revoke: active (or not yet
+/// issued) and with more than `read` scope. Read from the apiserver, not a
+/// cache, so the step is confirmed by what is stored.
+pub async fn tokens_to_revoke(ctx: &Context, sandbox: &Sandbox) -> Result<Vec<SessionToken>> {
+    let ns = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let tokens: Api<SessionToken> = Api::namespaced(ctx.client.clone(), &ns);
+    Ok(tokens
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|t| {
+            let st = t.status.clone().unwrap_or_default();
+            Some(&t.spec.sandbox) == sandbox.metadata.name.as_ref()
+                && (st.session_id.is_none() || st.session_id == sandbox.metadata.uid)
+                && t.spec.scopes.iter().any(|s| *s != Scope::Read)
+                && !matches!(st.phase, Some(TokenPhase::Revoked | TokenPhase::Expired))
+        })
+        .collect())
 }
 
 pub fn desired(sandbox: &Sandbox) -> Desired {
@@ -210,20 +231,23 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     };
 
     let running_commands = running_commands(ctx, sandbox);
-    let unfinished_commands =
-        if matches!(phase, Phase::Stopping | Phase::ResetIncomplete) || matches!(desired(sandbox), Desired::End(_)) {
-            let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
-            commands
-                .list(&ListParams::default().fields(&format!("spec.sandbox={name}")))
-                .await?
-                .items
-                .iter()
-                .filter(|c| c.belongs_to(sandbox))
-                .filter(|c| !c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final))
-                .count()
-        } else {
-            0
-        };
+    let ending =
+        matches!(phase, Phase::Stopping | Phase::ResetIncomplete) || matches!(desired(sandbox), Desired::End(_));
+    let unfinished_commands = if ending {
+        let commands: Api<hangar_crds::Command> = Api::namespaced(ctx.client.clone(), &ns);
+        commands
+            .list(&ListParams::default().fields(&format!("spec.sandbox={name}")))
+            .await?
+            .items
+            .iter()
+            .filter(|c| c.belongs_to(sandbox))
+            .filter(|c| !c.status.as_ref().and_then(|s| s.phase).is_some_and(CommandPhase::is_final))
+            .count()
+    } else {
+        0
+    };
+
+    let tokens_to_revoke = if ending { tokens_to_revoke(ctx, sandbox).await?.len() } else { 0 };
 
     Ok(Observation {
         observed: Observed {
@@ -238,6 +262,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             agent,
             key_present,
             unfinished_commands,
+            tokens_to_revoke,
             pause_grace: ctx.settings.pause_grace(),
             resume_request: hangar_core::session::requests::resume_request(sandbox),
             idle: idle(ctx, sandbox, now, running_commands > 0),

@@ -110,8 +110,12 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
             return mint(&api, &secrets, &token, sandbox.as_ref(), created, now).await;
         }
         let expires = status.expires_at.as_ref().map_or(now, |t| t.0);
-        let ended = sandbox.as_ref().is_none_or(Sandbox::has_ended);
-        let next = tokens::phase(status.phase, token.spec.revoked, &token.spec.scopes, expires, ended, now);
+        // An ending session's tokens are revoked by its reset (its first
+        // step, which also cancels what is still queued); here only those
+        // of a session that is gone. Callers are refused from the moment
+        // the session ends either way (`tokens::scope`).
+        let ending = sandbox.as_ref().is_some_and(Sandbox::has_ended);
+        let next = tokens::phase(status.phase, token.spec.revoked, &token.spec.scopes, expires, sandbox.is_none(), now);
         if Some(next.phase) != status.phase {
             let mut patch = json!({"phase": next.phase, "reason": next.reason});
             if next.phase == TokenPhase::Revoked {
@@ -133,7 +137,9 @@ async fn reconcile(token: Arc<SessionToken>, ctx: Arc<Context>, serves: bool) ->
             return Ok(Requeue::await_change());
         }
         if next.phase != TokenPhase::Active {
-            cancel_its_queued_commands(&ctx, &token).await?;
+            if !ending {
+                cancel_its_queued_commands(&ctx, &token).await?;
+            }
             return Ok(Requeue::await_change());
         }
         let mut wake = expires;

@@ -1,0 +1,53 @@
+//! `hangar cert verify` and `hangar cert get`.
+
+use std::io::Write;
+use std::path::Path;
+
+use hangar_crds::Sandbox;
+use kube::api::Api;
+
+use crate::CliError;
+use crate::gateway::{Gateway, GatewayArgs};
+
+fn read(path: &Path) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path).map_err(|e| CliError::File(path.display().to_string(), e))
+}
+
+/// The public key as given: base64 text, or `@FILE` holding it.
+fn public_key(arg: &str) -> Result<String, CliError> {
+    match arg.strip_prefix('@') {
+        Some(path) => Ok(String::from_utf8_lossy(&read(Path::new(path))?).trim().to_owned()),
+        None => Ok(arg.trim().to_owned()),
+    }
+}
+
+pub fn verify(file: &Path, key: &str) -> Result<(), CliError> {
+    let bytes = read(file)?;
+    let certificate = hangar_keys::session_certificate::verify(&bytes, &public_key(key)?)?;
+    let key_id = hangar_keys::session_certificate::key_id(&bytes).unwrap_or_default();
+    let field = |p: &str| certificate.pointer(p).and_then(|v| v.as_str()).unwrap_or("-").to_owned();
+    let jobs = certificate.get("jobs").and_then(|j| j.as_array()).map_or(0, Vec::len);
+    println!(
+        "verified: session {} (tenant {}), signed {} by key {key_id}; {jobs} job(s), outcome {}",
+        field("/sessionId"),
+        field("/start/tenant"),
+        field("/signedAt"),
+        field("/end/outcome"),
+    );
+    Ok(())
+}
+
+pub async fn get(sandbox: &str, namespace: &str, output: Option<&Path>, args: &GatewayArgs) -> Result<(), CliError> {
+    let client = kube::Client::try_default().await?;
+    let found = Api::<Sandbox>::namespaced(client, namespace).get_opt(sandbox).await?;
+    let session_id = found
+        .and_then(|s| s.metadata.uid)
+        .ok_or_else(|| CliError::NoSandbox(sandbox.to_owned(), namespace.to_owned()))?;
+    let gateway = Gateway::new(args)?;
+    let bytes = gateway.get(&format!("/v1/sandboxes/{session_id}/certificate")).await?;
+    match output {
+        Some(path) => std::fs::write(path, &bytes).map_err(|e| CliError::File(path.display().to_string(), e))?,
+        None => std::io::stdout().write_all(&bytes).map_err(|e| CliError::File("stdout".into(), e))?,
+    }
+    Ok(())
+}
