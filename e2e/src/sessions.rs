@@ -17,6 +17,17 @@ pub const TEST_IMAGE: &str =
     "registry.hangar.test/hangar/agent@sha256:242b72cb94d3c68f6f53e738df55303ccd656614dc3d7a4de3b893025938814f";
 pub const DEADLINE: Duration = Duration::from_secs(90);
 
+/// The reset's steps in the contract's order, as `status.reset` names them
+/// (written out here, not taken from the operator's code).
+pub const RESET_STEPS: [&str; 6] = [
+    "revoke_tokens",
+    "cancel_queued_commands",
+    "terminate_instance",
+    "delete_volume",
+    "destroy_key",
+    "sign_certificate",
+];
+
 pub async fn ensure_namespace(client: &kube::Client, name: &str) {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");

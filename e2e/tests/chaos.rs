@@ -276,11 +276,7 @@ async fn chaos_without_loss() {
         let sid = b.uid().unwrap();
         let st = b.status.unwrap();
         let steps: Vec<&str> = st.reset.iter().map(|r| r.step.as_str()).collect();
-        assert_eq!(
-            steps,
-            ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"],
-            "seed {seed}: {s}"
-        );
+        assert_eq!(steps, hangar_e2e::sessions::RESET_STEPS, "seed {seed}: {s}");
         let instances = session_instances(&ec2, &sid).await;
         assert!(instances.len() <= 1, "seed {seed}: {s} has {} instances: {instances:?}", instances.len());
         assert!(instances.iter().all(|(_, st)| st.as_str() == "terminated"), "seed {seed}: {s}: {instances:?}");

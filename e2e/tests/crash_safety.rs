@@ -11,7 +11,7 @@ use aws_sdk_ec2::types::InstanceStateName;
 use hangar_crds::{CommandPhase, Phase, Sandbox, SessionToken, TokenPhase};
 use hangar_e2e::commands;
 use hangar_e2e::ec2::{client as ec2_client, session_instances, session_volumes};
-use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
+use hangar_e2e::sessions::{self, DEADLINE, RESET_STEPS, ensure_namespace};
 use hangar_e2e::shared_stack;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -117,16 +117,6 @@ async fn killed_mid_pause_converges_to_paused_then_resumes() {
     assert_eq!(resumed.status.unwrap().instance_id.as_deref(), Some(instance.as_str()));
     assert_eq!(session_instances(&ec2, &session).await.len(), 1);
 }
-
-/// The reset's steps in order, as `status.reset` names them.
-const RESET_STEPS: [&str; 6] = [
-    "revoke_tokens",
-    "cancel_queued_commands",
-    "terminate_instance",
-    "delete_volume",
-    "destroy_key",
-    "sign_certificate",
-];
 
 /// A paused session with work for every reset step: an exec token to
 /// revoke, a queued command to cancel, a stopped instance, its volume and

@@ -79,7 +79,7 @@ async fn launch_pause_resume_end_on_the_same_instance() {
     let status = s.status.clone().unwrap();
     assert_eq!(status.stop_reason.as_deref(), Some("cancelled"));
     let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
-    assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"]);
+    assert_eq!(steps, hangar_e2e::sessions::RESET_STEPS);
     assert_eq!(status.attempts[1].end, Some(AttemptEnd::SessionEnded));
     assert_eq!(session_instances(&ec2, &session).await, vec![(instance, InstanceStateName::Terminated)]);
     assert!(session_volumes(&ec2, &session).await.iter().all(|(_, state)| state == "deleted"), "volume deleted");
@@ -235,7 +235,7 @@ async fn the_agents_exit_ends_a_session_in_mode_agent_with_its_code() {
             assert_eq!(status.outcome.as_deref(), Some("completed"), "{name}");
         }
         let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
-        assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"], "{name}");
+        assert_eq!(steps, hangar_e2e::sessions::RESET_STEPS, "{name}");
         let session = s.uid().unwrap();
         assert!(
             session_instances(&ec2, &session).await.iter().all(|(_, st)| *st == InstanceStateName::Terminated),

@@ -65,18 +65,7 @@ async fn the_certificate_verifies_refuses_a_changed_byte_and_has_one_job_per_com
     let ended = wait_phase(stack, &boxes, "box", Phase::Ended).await;
     let st = ended.status.unwrap();
     let steps: Vec<&str> = st.reset.iter().map(|r| r.step.as_str()).collect();
-    assert_eq!(
-        steps,
-        [
-            "revoke_tokens",
-            "cancel_queued_commands",
-            "terminate_instance",
-            "delete_volume",
-            "destroy_key",
-            "sign_certificate"
-        ],
-        "every step once, in order"
-    );
+    assert_eq!(steps, hangar_e2e::sessions::RESET_STEPS, "every step once, in order");
     assert_eq!(st.reset_pending, None);
     let recorded = st.certificate.clone().expect("status.certificate");
     assert!(recorded.signed_at.is_some());

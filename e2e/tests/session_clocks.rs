@@ -171,7 +171,7 @@ async fn a_session_paused_for_the_longest_pause_ends_and_is_reset() {
     let status = s.status.unwrap();
     assert_eq!(status.stop_reason.as_deref(), Some("paused_too_long"));
     let steps: Vec<&str> = status.reset.iter().map(|r| r.step.as_str()).collect();
-    assert_eq!(steps, ["cancel_queued_commands", "terminate_instance", "delete_volume", "destroy_key"]);
+    assert_eq!(steps, hangar_e2e::sessions::RESET_STEPS);
     let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
     let instances = hangar_e2e::ec2::session_instances(&ec2, &session).await;
     assert!(instances.iter().all(|(_, st)| *st == aws_sdk_ec2::types::InstanceStateName::Terminated));
