@@ -3,9 +3,6 @@
 use std::io::Write;
 use std::path::Path;
 
-use hangar_crds::Sandbox;
-use kube::api::Api;
-
 use crate::CliError;
 use crate::gateway::{Gateway, GatewayArgs};
 
@@ -37,12 +34,7 @@ pub fn verify(file: &Path, key: &str) -> Result<(), CliError> {
     Ok(())
 }
 
-pub async fn get(sandbox: &str, namespace: &str, output: Option<&Path>, args: &GatewayArgs) -> Result<(), CliError> {
-    let client = kube::Client::try_default().await?;
-    let found = Api::<Sandbox>::namespaced(client, namespace).get_opt(sandbox).await?;
-    let session_id = found
-        .and_then(|s| s.metadata.uid)
-        .ok_or_else(|| CliError::NoSandbox(sandbox.to_owned(), namespace.to_owned()))?;
+pub async fn get(session_id: &str, output: Option<&Path>, args: &GatewayArgs) -> Result<(), CliError> {
     let gateway = Gateway::new(args)?;
     let bytes = gateway.get(&format!("/v1/sandboxes/{session_id}/certificate")).await?;
     match output {

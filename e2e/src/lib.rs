@@ -9,6 +9,7 @@ pub mod bench;
 pub mod build;
 pub mod commands;
 pub mod control_plane;
+pub mod cut_proxy;
 pub mod ec2;
 pub mod ec2_faults;
 pub mod error;

@@ -256,11 +256,25 @@ pub struct Signer {
 
 impl Signer {
     pub fn generate() -> Self {
+        Self::generate_keeping().0
+    }
+
+    /// A new key pair and its PKCS#8 document, for a client that keeps the
+    /// key (to sign proofs later: [`Signer::from_pkcs8`]).
+    pub fn generate_keeping() -> (Self, zeroize::Zeroizing<Vec<u8>>) {
         use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
         let rng = ring::rand::SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("P-256 key");
-        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).expect("key");
-        Self { pair, rng }
+        let kept = zeroize::Zeroizing::new(pkcs8.as_ref().to_vec());
+        (Self::from_pkcs8(&kept).expect("a key just made"), kept)
+    }
+
+    /// The signer of a kept PKCS#8 document; `None` if it is not a P-256 key.
+    pub fn from_pkcs8(pkcs8: &[u8]) -> Option<Self> {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8, &rng).ok()?;
+        Some(Self { pair, rng })
     }
 
     /// The public key's JWK coordinates (`x`, `y`).
@@ -296,6 +310,14 @@ mod tests {
     const URL: &str = "https://gw.example:8443/v1/sandboxes/s1/commands";
     const TOKEN: &str = "hgt_abc";
     const NOW: i64 = 1_800_000_000;
+
+    #[test]
+    fn a_kept_key_signs_as_the_key_it_was() {
+        let (signer, pkcs8) = Signer::generate_keeping();
+        let again = Signer::from_pkcs8(&pkcs8).expect("a P-256 PKCS#8 document");
+        assert_eq!(again.jwk_xy(), signer.jwk_xy());
+        assert!(Signer::from_pkcs8(b"not a key").is_none());
+    }
 
     fn key(s: &Signer) -> (String, String) {
         s.jwk_xy()
