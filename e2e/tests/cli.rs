@@ -143,3 +143,16 @@ async fn the_everyday_verbs_drive_a_session_from_create_to_stop() {
     let r = hangar(&member, &["pause", "work", "-n", ns]).await;
     assert_ne!(r.code, Some(0), "an ended session does not pause: {}", r.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_binary_is_kubectl_hangar() {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(hangar_e2e::operator::workspace_binary("hangar"), dir.path().join("kubectl-hangar"))
+        .unwrap();
+    let path = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
+    let out =
+        shared_stack().cp.kubectl().env("PATH", path).args(["hangar", "cert", "verify", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(help.contains("--key"), "kubectl ran the plugin: {help}");
+}

@@ -60,13 +60,21 @@ fn run() -> hangar_e2e::Result<()> {
     println!(
         "  kubectl create serviceaccount me && kubectl create clusterrolebinding me --clusterrole=cluster-admin --serviceaccount=default:me"
     );
-    println!("  TOKEN=$(kubectl create token me)");
+    // The gateway takes only tokens minted for its own audience.
+    println!("  TOKEN=$(kubectl create token me --audience hangar-gateway)");
     println!("  ID=$(kubectl get sbx dev-box -o jsonpath='{{.status.sessionId}}')");
     println!(
         "  curl --cacert {} -H \"Authorization: Bearer $TOKEN\" https://127.0.0.1:{}/v1/sandboxes/$ID/attach",
         stack.cp.pki.ca_cert.display(),
         stack.gateway.port
     );
+    println!("or with the hangar CLI (docs/cli.md):");
+    println!(
+        "  export HANGAR_GATEWAY=https://127.0.0.1:{} HANGAR_GATEWAY_CA={} HANGAR_GATEWAY_TOKEN=$TOKEN",
+        stack.gateway.port,
+        stack.cp.pki.ca_cert.display()
+    );
+    println!("  {} exec dev-box -- uname -m", hangar_e2e::operator::workspace_binary("hangar").display());
     println!();
     println!("Logs: {}/*.log. Ctrl-C stops everything.", dir.display());
     let _ = std::io::stdout().flush();
