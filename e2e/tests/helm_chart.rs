@@ -95,6 +95,7 @@ fn values_schema_refuses_bad_values() {
         ("aws.region=Sydney", "aws/region"),
         ("image.digest=latest", "image/digest"),
         ("watchNamespaces[0]=Team_A", "watchNamespaces/0"),
+        ("aws.instanceProfile=arn:aws:iam::123:role/not-a-profile", "aws/instanceProfile"),
     ] {
         let out = helm(&["template", "hangar", &chart(), "--set", set]);
         assert!(!out.status.success(), "--set {set} was accepted");
@@ -114,6 +115,67 @@ fn operator_runs_leader_elected() {
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"].as_bool(), Some(true));
     let leases = find(&docs, "Role", "hangar-operator-system", Some("hangar-system")).expect("system Role");
     assert!(grants(leases, "leases"));
+}
+
+#[test]
+fn each_deployment_keeps_a_replica_through_a_drain() {
+    let docs = render(&[]);
+    let deployments: Vec<&serde_yaml::Value> = docs.iter().filter(|d| d["kind"] == "Deployment").collect();
+    assert_eq!(deployments.len(), 3, "operator, webhook, gateway");
+    for d in deployments {
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let pdb =
+            find(&docs, "PodDisruptionBudget", name, Some("hangar-system")).unwrap_or_else(|| panic!("{name}: no PDB"));
+        assert_eq!(pdb["spec"]["minAvailable"].as_u64(), Some(1), "{name}");
+        let pod_labels = d["spec"]["template"]["metadata"]["labels"].as_mapping().unwrap();
+        let selector = pdb["spec"]["selector"]["matchLabels"].as_mapping().unwrap();
+        for (k, v) in selector {
+            assert_eq!(pod_labels.get(k), Some(v), "{name}: the PDB selects this Deployment's Pods ({k:?})");
+        }
+        assert_eq!(selector.get("app.kubernetes.io/component"), pod_labels.get("app.kubernetes.io/component"));
+    }
+    // One replica: no budget (it would forbid every eviction, and so every drain).
+    let single = render(&["--set", "gateway.replicas=1"]);
+    assert!(find(&single, "PodDisruptionBudget", "hangar-gateway", None).is_none());
+    assert!(find(&single, "PodDisruptionBudget", "hangar-operator", None).is_some());
+}
+
+#[test]
+fn every_workload_runs_hardened() {
+    let docs = render(&[]);
+    let mut checked = 0;
+    for d in docs.iter().filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet") {
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let pod = &d["spec"]["template"]["spec"];
+        for c in pod["containers"].as_sequence().unwrap() {
+            let sc = &c["securityContext"];
+            let who = format!("{name}/{}", c["name"].as_str().unwrap());
+            assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{who}");
+            assert!(c["resources"]["requests"].is_mapping(), "{who}: requests set");
+            assert!(c["resources"]["limits"]["memory"].is_string(), "{who}: a memory limit");
+            if d["kind"] == "DaemonSet" {
+                // The worker opens LUKS volumes and mounts them for the
+                // session's agent: the one privileged container, alone on
+                // its session's node.
+                assert_eq!(who, "hangar-worker/worker", "the only DaemonSet container");
+                assert_eq!(sc["privileged"].as_bool(), Some(true));
+                continue;
+            }
+            assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false), "{who}");
+            assert!(sc["privileged"].is_null() || sc["privileged"].as_bool() == Some(false), "{who}");
+            let drops: Vec<&str> =
+                sc["capabilities"]["drop"].as_sequence().unwrap().iter().filter_map(|v| v.as_str()).collect();
+            assert_eq!(drops, ["ALL"], "{who}");
+            assert!(sc["capabilities"]["add"].is_null(), "{who}: no capability added");
+            checked += 1;
+        }
+        if d["kind"] == "Deployment" {
+            assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true), "{name}");
+            assert_eq!(pod["securityContext"]["seccompProfile"]["type"].as_str(), Some("RuntimeDefault"), "{name}");
+            assert!(pod["hostNetwork"].is_null() && pod["hostPID"].is_null(), "{name}: no host namespaces");
+        }
+    }
+    assert_eq!(checked, 3, "the three Deployments' containers were checked");
 }
 
 /// Every component that talks to the apiserver mounts its own token (the
@@ -149,6 +211,10 @@ fn operator_accepts_the_charts_flags_and_environment() {
         "--set",
         "aws.amiId=ami-0e1f",
         "--set",
+        "aws.instanceProfile=hangar-session-node",
+        "--set",
+        "outputStore.url=s3://hangar-output",
+        "--set",
         "watchNamespaces={team-a}",
         "--set",
         "operator.workspaceKeys.tlsSecret=workspace-keys-tls",
@@ -173,6 +239,8 @@ fn operator_accepts_the_charts_flags_and_environment() {
         "subnet-0a1b",
         "sg-0c1d",
         "ami-0e1f",
+        "hangar-session-node",
+        "s3://hangar-output",
         "team-a",
         "m7g.large",
         "leader_elect: true",

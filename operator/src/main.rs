@@ -51,6 +51,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         cluster_name: settings.cluster_name.clone(),
         ami_id: settings.ami_id.clone(),
         security_groups: settings.security_groups.clone(),
+        instance_profile: settings.instance_profile.clone(),
         volume_gib: settings.volume_gib,
         placements: settings.placements(),
     })

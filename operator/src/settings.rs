@@ -34,6 +34,11 @@ pub struct Settings {
     pub subnets: Vec<(String, String)>,
     #[arg(long = "security-group", env = "HANGAR_SECURITY_GROUPS", value_delimiter = ',')]
     pub security_groups: Vec<String>,
+    /// The instance profile (name or ARN) session instances run with: the
+    /// node role they join the cluster as (docs/install-eks.md). Passing it
+    /// needs `iam:PassRole` on that role only.
+    #[arg(long, env = "HANGAR_INSTANCE_PROFILE")]
+    pub instance_profile: Option<String>,
     /// Instance types of a size, `size=type1/type2`, repeatable; tried in order.
     #[arg(long = "instance-types", env = "HANGAR_INSTANCE_TYPES", value_delimiter = ',', value_parser = parse_pair)]
     pub instance_types: Vec<(String, String)>,

@@ -3,8 +3,8 @@
 
 use aws_sdk_ec2::primitives::DateTime;
 use aws_sdk_ec2::types::{
-    Filter, HttpTokensState, Instance, InstanceMetadataOptionsRequest, InstanceStateName, InstanceType, Placement,
-    ResourceType, ShutdownBehavior,
+    Filter, HttpTokensState, IamInstanceProfileSpecification, Instance, InstanceMetadataOptionsRequest,
+    InstanceStateName, InstanceType, Placement, ResourceType, ShutdownBehavior,
 };
 use base64::Engine;
 
@@ -200,6 +200,10 @@ impl Ec2 {
                         (!self.settings.security_groups.is_empty()).then(|| self.settings.security_groups.clone()),
                     )
                     .user_data(&user_data)
+                    .set_iam_instance_profile(self.settings.instance_profile.as_deref().map(|p| {
+                        let b = IamInstanceProfileSpecification::builder();
+                        if p.starts_with("arn:") { b.arn(p) } else { b.name(p) }.build()
+                    }))
                     .instance_initiated_shutdown_behavior(ShutdownBehavior::Stop)
                     // IMDSv2 only, one hop: a process on the node reaches
                     // the instance's metadata, a Pod (one hop further) does

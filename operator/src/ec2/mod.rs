@@ -39,6 +39,8 @@ pub struct Ec2Settings {
     pub cluster_name: String,
     pub ami_id: String,
     pub security_groups: Vec<String>,
+    /// Name or ARN of the instances' profile (their node role).
+    pub instance_profile: Option<String>,
     pub volume_gib: i32,
     /// (zone, subnet) in the order launches try them.
     pub placements: Vec<(String, Option<String>)>,
