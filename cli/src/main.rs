@@ -87,9 +87,16 @@ enum CertVerb {
     /// Checks a certificate file offline; exit status 1 when it does not verify.
     Verify {
         file: PathBuf,
-        /// The signing key's public key: base64 of its 32 bytes, or @FILE.
+        /// The signing key's public key (base64 of its 32 bytes), or @FILE
+        /// with it or with a key set from `hangar cert keys`.
         #[arg(long)]
         key: String,
+    },
+    /// Prints every key that has signed a certificate, by id (a key set
+    /// for `verify --key @FILE`).
+    Keys {
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// Fetches a session's signed certificate from the gateway.
     Get {
@@ -163,6 +170,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             token::create(&Gateway::new(&gateway)?, &sid, &token).await?
         }
         Verb::Cert(CertVerb::Verify { file, key }) => certificate::verify(&file, &key)?,
+        Verb::Cert(CertVerb::Keys { gateway }) => certificate::keys(&gateway).await?,
         Verb::Cert(CertVerb::Get { sandbox, output, gateway }) => {
             let sid = session::session_id(&session::sandboxes(ns).await?, &sandbox, ns).await?;
             certificate::get(&sid, output.as_deref(), &gateway).await?

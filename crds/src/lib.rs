@@ -23,10 +23,10 @@ pub mod workspace_key;
 pub use command::{Command, CommandPhase, CommandSpec, CommandStatus, EnvVar, job_id};
 pub use error_code::ErrorCode;
 pub use sandbox::{
-    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, Certificate, CheckedImage, CommandCounts, Companion,
-    DesiredState, Egress, IdleAction, IdlePolicy, ImagePreflight, Interruption, InterruptionCause, Mode, PauseProgress,
-    Phase, PreflightState, ResetPending, ResetStepStatus, ResumeFailure, Sandbox, SandboxSpec, SandboxStatus, Size,
-    TENANT_LABEL,
+    Attachment, Attempt, AttemptCause, AttemptEnd, Billing, CERTIFICATE_KEYS_CONFIGMAP, Certificate, CheckedImage,
+    CommandCounts, Companion, DesiredState, Egress, IdleAction, IdlePolicy, ImagePreflight, Interruption,
+    InterruptionCause, Mode, PauseProgress, Phase, PreflightState, ResetPending, ResetStepStatus, ResumeFailure,
+    Sandbox, SandboxSpec, SandboxStatus, Size, TENANT_LABEL,
 };
 pub use sandbox_template::{SandboxTemplate, SandboxTemplateSpec, SandboxTemplateStatus, TemplateManifest};
 pub use session_token::{Jwk, Scope, SessionToken, SessionTokenSpec, SessionTokenStatus, TokenPhase};

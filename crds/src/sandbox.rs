@@ -503,6 +503,12 @@ pub struct Billing {
     pub trued_up: Option<bool>,
 }
 
+/// The ConfigMap (in the operator's namespace) where every key that has
+/// signed a session certificate is published, `keyId → base64 public key`;
+/// entries are only ever added, so a certificate signed before a rotation
+/// still finds its key. The gateway serves it at `GET /v1/certificate-keys`.
+pub const CERTIFICATE_KEYS_CONFIGMAP: &str = "hangar-certificate-keys";
+
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Certificate {

@@ -6,15 +6,18 @@
 
 use std::collections::BTreeMap;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
 use hangar_crds::{CommandPhase, Phase, SessionToken, TokenPhase};
 use hangar_e2e::commands::{self, cancel, command, create, sh, wait_command_phase};
 use hangar_e2e::gateway::{member_token, mint_token};
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
+use hangar_e2e::sessions;
 use hangar_e2e::sessions::{running_box, set_state, wait_phase};
 use hangar_e2e::shared_stack;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NS: &str = "cert";
@@ -22,6 +25,16 @@ const NS: &str = "cert";
 fn run(cmd: &mut std::process::Command) -> (bool, String, String) {
     let out = cmd.output().expect("run hangar");
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// `hangar cert get NAME -o DIR/NAME.cert.json` as `member`; the file.
+fn cert_get(member: &str, name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let file = dir.join(format!("{name}.cert.json"));
+    let mut cli = shared_stack().hangar_cli();
+    cli.env("HANGAR_GATEWAY_TOKEN", member).args(["cert", "get", name, "-n", NS, "-o", file.to_str().unwrap()]);
+    let (ok, _, err) = run(&mut cli);
+    assert!(ok, "hangar cert get {name}: {err}");
+    file
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,17 +95,7 @@ async fn the_certificate_verifies_refuses_a_changed_byte_and_has_one_job_per_com
 
     // Fetched with the CLI as the member; the same bytes the status names.
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("box.cert.json");
-    let (ok, _, err) = run(stack.hangar_cli().env("HANGAR_GATEWAY_TOKEN", &member).args([
-        "cert",
-        "get",
-        "box",
-        "-n",
-        NS,
-        "-o",
-        file.to_str().unwrap(),
-    ]));
-    assert!(ok, "hangar cert get: {err}");
+    let file = cert_get(&member, "box", dir.path());
     let bytes = std::fs::read(&file).unwrap();
     assert_eq!(Some(hangar_keys::session_certificate::digest(&bytes)), recorded.digest);
     assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap(), by_read_token, "the same record for a read token");
@@ -149,4 +152,33 @@ async fn the_certificate_verifies_refuses_a_changed_byte_and_has_one_job_per_com
     assert_eq!(attempts.len(), 1, "ended while paused: no attempt after the pause: {attempts:?}");
     assert_eq!((&attempts[0]["cause"], &attempts[0]["end"]), (&json!("launch"), &json!("paused")));
     assert_eq!(cert["end"]["reset"].as_array().unwrap().len(), 5, "every step before signing");
+
+    // Rotation by key id: the platform replaces the key; the next session
+    // is signed with the new one; both keys stay published, so both
+    // certificates verify from the key set the gateway lists.
+    let (new_key, new_public) = hangar_keys::template_signing::generate().unwrap();
+    let rotated = json!({"data": {
+        "key-id": B64.encode("rotated-2"), "signing-key": B64.encode(new_key.as_bytes()), "public-key": B64.encode(&new_public),
+    }});
+    secrets.patch("hangar-certificate-signing", &PatchParams::default(), &Patch::Merge(&rotated)).await.unwrap();
+    boxes.create(&PostParams::default(), &sessions::sandbox("second", "commands", json!({}))).await.unwrap();
+    wait_phase(stack, &boxes, "second", Phase::Running).await;
+    set_state(&boxes, "second", "Ended").await.unwrap();
+    let second = wait_phase(stack, &boxes, "second", Phase::Ended).await;
+    assert_eq!(second.status.unwrap().certificate.unwrap().key_id.as_deref(), Some("rotated-2"));
+    let second_file = cert_get(&member, "second", dir.path());
+    let keys_file = dir.path().join("keys.json");
+    let (ok, listed, err) = run(stack.hangar_cli().env("HANGAR_GATEWAY_TOKEN", &member).args(["cert", "keys"]));
+    assert!(ok, "{err}");
+    let set: BTreeMap<String, String> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(set.get("rotated-2"), Some(&new_public));
+    assert_eq!(set.get(recorded.key_id.as_deref().unwrap()), Some(&public), "the old key stays published");
+    std::fs::write(&keys_file, &listed).unwrap();
+    let keys_arg = format!("@{}", keys_file.display());
+    for f in [&file, &second_file] {
+        let (ok, _, err) = run(stack.hangar_cli().args(["cert", "verify", f.to_str().unwrap(), "--key", &keys_arg]));
+        assert!(ok, "{}: {err}", f.display());
+    }
+    let (ok, _, _) = run(stack.hangar_cli().args(["cert", "verify", file.to_str().unwrap(), "--key", &new_public]));
+    assert!(!ok, "the first certificate does not verify under the new key");
 }

@@ -47,6 +47,7 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ("post", "/v1/sandbox-session/stop", "End the token's session", "token:control"),
     ("post", "/v1/sandbox-session/revoke-all", "Revoke All on the token's session", "token:control"),
     ("get", "/v1/sandbox-templates", "Templates a session can start from", "member"),
+    ("get", "/v1/certificate-keys", "Every key that has signed a session certificate, by id", "member"),
     ("get", "/v1/openapi.json", "This document", "none"),
 ];
 

@@ -40,8 +40,9 @@ type Followers = HashMap<(String, u32), Arc<watch::Sender<u64>>>;
 
 pub struct OutputReader {
     pub store: OutputStore,
-    /// The sealed output keys (ConfigMaps in the operator's namespace).
-    maps: Api<ConfigMap>,
+    /// The sealed output keys (ConfigMaps in the operator's namespace; the
+    /// published certificate keys too).
+    pub(crate) maps: Api<ConfigMap>,
     /// The output key-encryption key.
     kek: OrgKey,
     /// Opened keys per session (they never change once made).

@@ -73,6 +73,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/openapi.json", get(|| async { Json(openapi::document()) }))
         .route("/v1/sandboxes", post(start_session))
         .route("/v1/sandbox-templates", get(templates))
+        .route("/v1/certificate-keys", get(certificate_keys))
         .route("/v1/sandboxes/{id}", get(state))
         .route("/v1/sandboxes/{id}/attach", get(attach))
         .route("/v1/sandboxes/{id}/commands", get(list_commands).post(send_command))
@@ -567,6 +568,14 @@ async fn templates(
         gw.auth.authorize(&caller, ns, "create", "sandboxes").await?;
     }
     ok(StatusCode::OK, json!({"templates": sessions::templates(&gw, namespace).await?}))
+}
+
+/// Every key that has signed a session certificate, by id (base64 Ed25519
+/// public keys, as `hangar cert verify --key` takes them).
+async fn certificate_keys(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Reply {
+    member(&gw, &headers, "list the certificate keys").await?;
+    let published = gw.output.maps.get_opt(hangar_crds::CERTIFICATE_KEYS_CONFIGMAP).await?;
+    ok(StatusCode::OK, json!({"keys": published.and_then(|m| m.data).unwrap_or_default()}))
 }
 
 /// The member calling a route no session token may use (`what` it does).

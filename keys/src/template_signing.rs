@@ -78,14 +78,16 @@ pub fn generate() -> Result<(Zeroizing<String>, String), SigningError> {
 /// Signs `payload` with the signing key (base64 PKCS#8); base64 signature.
 pub fn sign(signing_key: &str, payload: &[u8]) -> Result<String, SigningError> {
     let der = Zeroizing::new(STANDARD.decode(signing_key.trim()).map_err(|_| SigningError::BadSigningKey)?);
-    let pair = Ed25519KeyPair::from_pkcs8(&der).map_err(|_| SigningError::BadSigningKey)?;
+    // v1 (openssl genpkey) or v2 (ring) PKCS#8: a v2 public key is checked.
+    let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der).map_err(|_| SigningError::BadSigningKey)?;
     Ok(STANDARD.encode(pair.sign(payload).as_ref()))
 }
 
 /// The public key (base64) of a signing key.
 pub fn public_key(signing_key: &str) -> Result<String, SigningError> {
     let der = Zeroizing::new(STANDARD.decode(signing_key.trim()).map_err(|_| SigningError::BadSigningKey)?);
-    let pair = Ed25519KeyPair::from_pkcs8(&der).map_err(|_| SigningError::BadSigningKey)?;
+    // v1 (openssl genpkey) or v2 (ring) PKCS#8: a v2 public key is checked.
+    let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der).map_err(|_| SigningError::BadSigningKey)?;
     Ok(STANDARD.encode(pair.public_key().as_ref()))
 }
 

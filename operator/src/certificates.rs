@@ -6,8 +6,10 @@
 //!
 //! The key is read from a Secret in the operator's namespace at each
 //! signing, so a rotated key (a new `key-id` and `signing-key`) is used
-//! from the next certificate on without a restart; verifiers keep the old
-//! public keys by id. Absent, the Secret is made once with a new key
+//! from the next certificate on without a restart. Every key's public half
+//! is published by id in a ConfigMap that only grows
+//! (`hangar_crds::CERTIFICATE_KEYS_CONFIGMAP`), so a certificate signed
+//! before a rotation still finds its key. Absent, the Secret is made once with a new key
 //! (create-if-absent: replicas agree on one).
 
 use std::collections::BTreeMap;
@@ -15,10 +17,10 @@ use std::collections::BTreeMap;
 use hangar_core::session::certificate::{self, Signing};
 use hangar_crds::{Certificate, Command, SandboxStatus};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use zeroize::Zeroizing;
 
 use crate::context::Context;
@@ -39,6 +41,8 @@ pub enum CertificateError {
     KeySecret { secret: String, field: &'static str },
     #[error("signing: {0}")]
     Signing(#[from] hangar_keys::template_signing::SigningError),
+    #[error("key id {0} is already published with another public key: give the new key a new id")]
+    KeyIdReused(String),
     #[error("encoding: {0}")]
     Encode(#[from] serde_json::Error),
     #[error("output store: {0}")]
@@ -84,7 +88,33 @@ async fn signing_key(ctx: &Context) -> Result<SigningKey> {
             .filter(|v| !v.trim().is_empty())
             .ok_or_else(|| CertificateError::KeySecret { secret: name.clone(), field: f })
     };
-    Ok(SigningKey { id: field(KEY_ID)?.trim().to_owned(), pkcs8: Zeroizing::new(field(SIGNING_KEY)?) })
+    let key = SigningKey { id: field(KEY_ID)?.trim().to_owned(), pkcs8: Zeroizing::new(field(SIGNING_KEY)?) };
+    publish(ctx, &key).await?;
+    Ok(key)
+}
+
+/// Adds the key's public half (derived from the signing key itself, not
+/// read from the Secret) to the published set, before anything is signed
+/// with it; entries are never removed.
+async fn publish(ctx: &Context, key: &SigningKey) -> Result<()> {
+    let public = hangar_keys::template_signing::public_key(&key.pkcs8).map_err(CertificateError::Signing)?;
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.settings.system_namespace);
+    let name = hangar_crds::CERTIFICATE_KEYS_CONFIGMAP;
+    let published = maps.get_opt(name).await?;
+    match published.as_ref().and_then(|m| m.data.as_ref()).and_then(|d| d.get(&key.id)) {
+        Some(p) if *p == public => return Ok(()),
+        Some(_) => return Err(CertificateError::KeyIdReused(key.id.clone()).into()),
+        None => {}
+    }
+    let patch = serde_json::json!({"data": {key.id.as_str(): public}});
+    if published.is_none() {
+        let map =
+            ConfigMap { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+        hangar_runtime::kube_ext::ignore_already_exists(maps.create(&PostParams::default(), &map).await)?;
+    }
+    maps.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    tracing::info!(key_id = %key.id, "published the certificate signing key's public key");
+    Ok(())
 }
 
 /// Builds, signs and stores the certificate of a session whose every other
