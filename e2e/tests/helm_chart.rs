@@ -178,6 +178,26 @@ fn every_workload_runs_hardened() {
     assert_eq!(checked, 3, "the three Deployments' containers were checked");
 }
 
+/// The operator writes certificates and the gateway reads output in the
+/// output store: without an S3 URL a directory, which a read-only root
+/// filesystem must get as a volume.
+#[test]
+fn the_local_output_store_is_a_writable_volume() {
+    for (values, want) in [(&[][..], true), (&["--set", "outputStore.url=s3://hangar-output"][..], false)] {
+        let docs = render(values);
+        for name in ["hangar-operator", "hangar-gateway"] {
+            let pod = &find(&docs, "Deployment", name, None).unwrap()["spec"]["template"]["spec"];
+            let mounted = pod["containers"][0]["volumeMounts"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .any(|m| m["mountPath"] == "/var/lib/hangar/output" && m["readOnly"].as_bool() != Some(true));
+            let volume = pod["volumes"].as_sequence().into_iter().flatten().any(|v| v["emptyDir"].is_mapping());
+            assert_eq!((mounted, volume), (want, want), "{name} with {values:?}");
+        }
+    }
+}
+
 /// Every component that talks to the apiserver mounts its own token (the
 /// ServiceAccounts mount none by default): without it the webhook, gateway
 /// and worker could not reach the API in a real cluster.
