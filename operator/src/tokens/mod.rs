@@ -206,6 +206,17 @@ async fn mint(
     created: Timestamp,
     now: Timestamp,
 ) -> Result<Requeue> {
+    // Decided on the token as stored, not as cached: the cache can lag our
+    // own last status write (a pass woken by the delivery Secret's creation
+    // sees the token still unminted), and minting again would replace the
+    // delivered plaintext under a digest already recorded for the first.
+    let Some(stored) = api.get_opt(&token.name_any()).await? else {
+        return Ok(Requeue::await_change());
+    };
+    if stored.status.as_ref().is_some_and(|s| s.digest.is_some() || s.phase.is_some()) {
+        return Ok(Requeue::requeue(Duration::from_millis(50)));
+    }
+    let token = &stored;
     let earlier = |t: &SessionToken| {
         let key = |t: &SessionToken| (t.metadata.creation_timestamp.as_ref().map(|c| c.0), t.name_any());
         key(t) < key(token)
