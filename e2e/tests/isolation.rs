@@ -139,6 +139,7 @@ async fn another_tenant_and_a_pod_reach_nothing_of_a_session() {
             ("POST", format!("/v1/sandboxes/{sid}/commands"), Some(json!({"argv": ["id"]}))),
             ("GET", format!("/v1/sandboxes/{sid}/commands/{cid}/output?after=0"), None),
             ("POST", format!("/v1/sandboxes/{sid}/commands/{cid}/cancel"), None),
+            ("GET", format!("/v1/sandboxes/{sid}/certificate"), None),
         ] {
             let (st, hidden) = gw.call(method, &route, Some(token), body.as_ref(), &[]).await;
             let (_, never) = gw.call(method, &route.replace(&sid, absent), Some(token), body.as_ref(), &[]).await;
@@ -146,6 +147,18 @@ async fn another_tenant_and_a_pod_reach_nothing_of_a_session() {
             assert_eq!(hidden.to_string().replace(&sid, absent), never.to_string(), "{method} {route}: same as absent");
             assert!(!hidden.to_string().contains("iso-victim"), "{method} {route} names the namespace: {hidden}");
         }
+    }
+    // The certificate keys are public: a pod's identity may read them, and
+    // the answer is exactly the published public keys, no signing key.
+    let (st, listed) = gw.get("/v1/certificate-keys", &pod_token).await;
+    assert_eq!(st, 200, "{listed}");
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let published = maps.get_opt(hangar_crds::CERTIFICATE_KEYS_CONFIGMAP).await.unwrap();
+    assert_eq!(listed["keys"], json!(published.and_then(|m| m.data).unwrap_or_default()), "only the published keys");
+    let signing: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    if let Some(secret) = signing.get_opt("hangar-certificate-signing").await.unwrap() {
+        let private = String::from_utf8(secret.data.unwrap()["signing-key"].0.clone()).unwrap();
+        assert!(!listed.to_string().contains(private.trim()), "the signing key is never listed");
     }
     let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}"), "forged.jwt.token").await;
     assert_eq!((st, code(&body)), (401, "token_invalid"), "{body}");

@@ -310,6 +310,18 @@ async fn session_tokens_act_within_their_scope_and_session_and_every_hostile_use
             answer: gw.as_token(&exec_b, "GET", &base, None).await,
         },
         Case {
+            what: "token of another session, reading its certificate",
+            status: 403,
+            code: "token_scope_forbidden",
+            answer: gw.as_token(&exec_b, "GET", &format!("{base}/certificate"), None).await,
+        },
+        Case {
+            what: "session token listing the certificate keys (members only)",
+            status: 403,
+            code: "token_scope_forbidden",
+            answer: gw.as_token(&exec, "GET", "/v1/certificate-keys", None).await,
+        },
+        Case {
             what: "token of another namespace",
             status: 403,
             code: "token_scope_forbidden",

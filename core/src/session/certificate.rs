@@ -12,9 +12,7 @@
 //! | outcome_unknown | ended abnormally, reason `outcome_unknown` and how its attempt ended |
 //! | queued at the end (cancelled by the reset before it started) | not started |
 
-use hangar_crds::{
-    AttemptCause, AttemptEnd, Command, CommandPhase, CommandStatus, InterruptionCause, Mode, Sandbox, SandboxStatus,
-};
+use hangar_crds::{Command, CommandPhase, CommandStatus, Mode, Sandbox, SandboxStatus};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -173,7 +171,7 @@ pub fn job_outcome(status: &CommandStatus, attempts: &[hangar_crds::Attempt]) ->
         CommandPhase::TimedOut => (JobOutcome::EndedAbnormally, Some("timed_out".to_owned())),
         CommandPhase::OutcomeUnknown => {
             let end = attempts.iter().find(|a| Some(a.number) == status.attempt).and_then(|a| a.end);
-            let how = end.map_or("unknown", attempt_end_str);
+            let how = end.map_or_else(|| "unknown".to_owned(), |e| enum_str(&e));
             (JobOutcome::EndedAbnormally, Some(format!("outcome_unknown: attempt ended {how}")))
         }
         CommandPhase::Queued => (JobOutcome::NotStarted, None),
@@ -182,33 +180,8 @@ pub fn job_outcome(status: &CommandStatus, attempts: &[hangar_crds::Attempt]) ->
     Some(outcome)
 }
 
-fn attempt_end_str(end: AttemptEnd) -> &'static str {
-    match end {
-        AttemptEnd::Paused => "paused",
-        AttemptEnd::Interrupted => "interrupted",
-        AttemptEnd::HostLost => "host_lost",
-        AttemptEnd::WorkerLost => "worker_lost",
-        AttemptEnd::StartFailed => "start_failed",
-        AttemptEnd::SessionEnded => "session_ended",
-    }
-}
-
-fn cause_str(cause: AttemptCause) -> &'static str {
-    match cause {
-        AttemptCause::Launch => "launch",
-        AttemptCause::Resume => "resume",
-        AttemptCause::Recovery => "recovery",
-    }
-}
-
-fn interruption_str(cause: InterruptionCause) -> &'static str {
-    match cause {
-        InterruptionCause::Reclaimed => "reclaimed",
-        InterruptionCause::WorkerLost => "worker_lost",
-        InterruptionCause::HostLost => "host_lost",
-    }
-}
-
+/// The wire name of a status enum (its serde rename), so the certificate
+/// says exactly what the status says.
 fn enum_str<T: Serialize>(v: &T) -> String {
     serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
@@ -286,10 +259,10 @@ pub fn build(sandbox: &Sandbox, status: &SandboxStatus, commands: &[Command], si
             .iter()
             .map(|a| AttemptRecord {
                 number: a.number,
-                cause: cause_str(a.cause).to_owned(),
+                cause: enum_str(&a.cause),
                 started_at: a.started_at.as_ref().map(ts),
                 ended_at: a.ended_at.as_ref().map(ts),
-                end: a.end.map(|e| attempt_end_str(e).to_owned()),
+                end: a.end.map(|e| enum_str(&e)),
                 compute_seconds: a.compute_seconds,
             })
             .collect(),
@@ -298,7 +271,7 @@ pub fn build(sandbox: &Sandbox, status: &SandboxStatus, commands: &[Command], si
             .iter()
             .map(|i| InterruptionRecord {
                 attempt: i.attempt,
-                cause: interruption_str(i.cause).to_owned(),
+                cause: enum_str(&i.cause),
                 detected_at: ts(&i.detected_at),
                 recovered_at: i.recovered_at.as_ref().map(ts),
             })

@@ -136,7 +136,7 @@ pub async fn execute(
             }
             Ok(())
         }
-        Action::RevokeTokens => revoke_tokens(ctx, s).await,
+        Action::RevokeTokens => revoke_tokens(ctx, s, &obs.tokens_to_revoke).await,
         Action::CancelQueuedCommands => settle_commands(ctx, s, status, Settle::All).await,
         Action::TerminateInstance => {
             // Only the agent Pod this session made: one someone else put
@@ -199,11 +199,11 @@ pub async fn execute(
 /// (by compare-and-swap; a lost race is looked at again on the next pass).
 /// The token controller then deletes an undelivered plaintext and cancels
 /// the queued commands the token sent.
-async fn revoke_tokens(ctx: &Context, s: &Session<'_>) -> Result<()> {
+async fn revoke_tokens(ctx: &Context, s: &Session<'_>, tokens: &[hangar_crds::SessionToken]) -> Result<()> {
     let api: Api<hangar_crds::SessionToken> = Api::namespaced(ctx.client.clone(), s.namespace);
-    for token in super::observe::tokens_to_revoke(ctx, s.sandbox).await? {
+    for token in tokens {
         let patch = json!({"phase": "revoked", "reason": "session_ended", "revokedAt": Time(Timestamp::now())});
-        hangar_runtime::kube_ext::try_swap_status(&api, &token, patch).await?;
+        hangar_runtime::kube_ext::try_swap_status(&api, token, patch).await?;
     }
     Ok(())
 }

@@ -31,12 +31,15 @@ pub struct Observation {
     /// Every image the session runs (read only while the preflight is
     /// still to pass).
     pub images: Vec<String>,
+    /// The tokens the reset's `revoke_tokens` acts on (listed only while
+    /// the session ends; `observed.tokens_to_revoke` is their count).
+    pub tokens_to_revoke: Vec<SessionToken>,
 }
 
 /// The session's tokens the reset still has to revoke: active (or not yet
 /// issued) and with more than `read` scope. Read from the apiserver, not a
 /// cache, so the step is confirmed by what is stored.
-pub async fn tokens_to_revoke(ctx: &Context, sandbox: &Sandbox) -> Result<Vec<SessionToken>> {
+async fn tokens_to_revoke(ctx: &Context, sandbox: &Sandbox) -> Result<Vec<SessionToken>> {
     let ns = sandbox.metadata.namespace.clone().unwrap_or_default();
     let tokens: Api<SessionToken> = Api::namespaced(ctx.client.clone(), &ns);
     Ok(tokens
@@ -247,7 +250,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         0
     };
 
-    let tokens_to_revoke = if ending { tokens_to_revoke(ctx, sandbox).await?.len() } else { 0 };
+    let revocable = if ending { tokens_to_revoke(ctx, sandbox).await? } else { Vec::new() };
 
     Ok(Observation {
         observed: Observed {
@@ -262,7 +265,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             agent,
             key_present,
             unfinished_commands,
-            tokens_to_revoke,
+            tokens_to_revoke: revocable.len(),
             pause_grace: ctx.settings.pause_grace(),
             resume_request: hangar_core::session::requests::resume_request(sandbox),
             idle: idle(ctx, sandbox, now, running_commands > 0),
@@ -285,6 +288,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         node,
         workspace_closed_at,
         images,
+        tokens_to_revoke: revocable,
     })
 }
 
