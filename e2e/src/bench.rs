@@ -1,5 +1,15 @@
 //! What the benchmark binaries share: percentiles and process memory.
 
+/// The operator's EC2 polling as in production (the tests' stack polls
+/// every 300 ms and sweeps orphans every 2 s, so a test sees EC2 change
+/// sooner; on this machine that polling kept the EC2 simulator busy on a
+/// whole core, which a benchmark would measure as the operator's noise).
+pub fn production_intervals() -> Vec<(String, String)> {
+    [("HANGAR_DESCRIBE_INTERVAL_MS", "2000"), ("HANGAR_ORPHAN_SWEEP_SECONDS", "300")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec()
+}
+
 /// The `p` quantile (0.0–1.0) by nearest rank; 0 for no samples.
 pub fn pct(mut v: Vec<u64>, p: f64) -> u64 {
     if v.is_empty() {

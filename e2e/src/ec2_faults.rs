@@ -13,6 +13,7 @@
 //! (the identity document's `pendingTime` of the new boot matches it).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,8 @@ pub struct FaultProxy {
     pub port: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// How many calls other than Describe* have been answered.
+    mutations: Arc<AtomicU64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -78,6 +81,8 @@ impl FaultProxy {
         let port = free_port();
         let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let mutations: Arc<AtomicU64> = Arc::default();
+        let counter = mutations.clone();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let (f, s) = (faults.clone(), seen.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -92,7 +97,7 @@ impl FaultProxy {
                         tokio::select! {
                             accepted = listener.accept() => {
                                 let Ok((sock, _)) = accepted else { continue };
-                                let t = (delay, transitions.clone(), boots.clone());
+                                let t = (delay, transitions.clone(), boots.clone(), counter.clone());
                                 tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone(), t));
                             }
                             _ = &mut stopped => return,
@@ -102,7 +107,14 @@ impl FaultProxy {
             })
             .expect("proxy thread");
         let _ = ready_rx.recv();
-        Self { port, faults, seen, stop: Some(stop), thread: Some(thread) }
+        Self { port, faults, seen, mutations, stop: Some(stop), thread: Some(thread) }
+    }
+
+    /// Counts the calls that may change EC2's state (all but Describe*),
+    /// each once its answer is back: whoever watches EC2 through this
+    /// proxy (the node simulator) describes again only when it moved.
+    pub fn mutations(&self) -> Arc<AtomicU64> {
+        self.mutations.clone()
     }
 
     pub fn endpoint(&self) -> String {
@@ -111,6 +123,15 @@ impl FaultProxy {
 
     pub fn inject(&self, fault: Fault) {
         self.faults.lock().expect("faults").push(fault);
+    }
+
+    /// How many calls of each action arrived since `since`.
+    pub fn calls_since(&self, since: Instant) -> std::collections::BTreeMap<String, usize> {
+        let mut by_action = std::collections::BTreeMap::new();
+        for s in self.seen.lock().expect("seen").iter().filter(|s| s.at >= since) {
+            *by_action.entry(s.action.clone()).or_insert(0) += 1;
+        }
+        by_action
     }
 
     /// Calls seen whose body contains `marker`.
@@ -154,7 +175,7 @@ async fn handle(
     upstream: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
-    (delay, transitions, boots): (Duration, Transitions, Boots),
+    (delay, transitions, boots, mutations): (Duration, Transitions, Boots, Arc<AtomicU64>),
 ) {
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
@@ -198,6 +219,9 @@ async fn handle(
     let _ = up.write_all(&body).await;
     let mut resp = Vec::new();
     let _ = up.read_to_end(&mut resp).await;
+    if !action.starts_with("Describe") {
+        mutations.fetch_add(1, Ordering::SeqCst);
+    }
     resp = launch_times(&action, &text, resp, &boots);
     if !delay.is_zero() {
         resp = in_between_states(&action, &text, resp, delay, &transitions);

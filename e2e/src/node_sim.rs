@@ -18,6 +18,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName};
@@ -51,6 +53,67 @@ pub struct SimConfig {
     /// The operator's workspace key service, and the CA of its certificate.
     pub workspace_key_url: String,
     pub workspace_key_ca: PathBuf,
+    /// The EC2 proxy's count of state-changing calls
+    /// (`FaultProxy::mutations`): the simulator describes again when it
+    /// moves, while an instance is between states, and at least every
+    /// `RESCAN`; without it, on every tick. EC2 is a simulator too, and a
+    /// describe of every instance ten times a second took a core of it.
+    pub ec2_mutations: Option<Arc<AtomicU64>>,
+}
+
+/// How stale the simulator's view of EC2 may get when nothing it knows of
+/// changed it (a test that calls the EC2 endpoint directly).
+const RESCAN: Duration = Duration::from_secs(1);
+
+/// The simulator's last DescribeInstances: every live instance of the
+/// cluster with its owner account, when it was taken, and the proxy's
+/// mutation count just before.
+#[derive(Default)]
+struct Ec2View {
+    instances: Vec<(Option<String>, aws_sdk_ec2::types::Instance)>,
+    taken: Option<std::time::Instant>,
+    mutations: u64,
+}
+
+impl Ec2View {
+    fn due(&self, cfg: &SimConfig) -> bool {
+        let Some(taken) = self.taken else { return true };
+        let Some(counter) = &cfg.ec2_mutations else { return true };
+        let between = self.instances.iter().any(|(_, i)| {
+            matches!(
+                i.state().and_then(|s| s.name()),
+                Some(InstanceStateName::Pending | InstanceStateName::Stopping | InstanceStateName::ShuttingDown)
+            )
+        });
+        between || taken.elapsed() >= RESCAN || counter.load(Ordering::SeqCst) != self.mutations
+    }
+
+    async fn refresh(&mut self, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig) -> TickResult {
+        let mutations = cfg.ec2_mutations.as_ref().map_or(0, |c| c.load(Ordering::SeqCst));
+        let taken = std::time::Instant::now();
+        // Terminated instances stay listed for a while; they are not
+        // fetched (a known node missing from the answer is gone).
+        let out = ec2
+            .describe_instances()
+            .filters(Filter::builder().name("tag:hangar.dev/cluster").values(&cfg.cluster_name).build())
+            .filters(
+                Filter::builder()
+                    .name("instance-state-name")
+                    .set_values(Some(
+                        ["pending", "running", "shutting-down", "stopping", "stopped"].map(str::to_owned).to_vec(),
+                    ))
+                    .build(),
+            )
+            .send()
+            .await?;
+        self.instances = out
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances().iter().map(move |i| (r.owner_id().map(str::to_owned), i.clone())))
+            .collect();
+        (self.taken, self.mutations) = (Some(taken), mutations);
+        Ok(())
+    }
 }
 
 /// Runs on a thread and runtime of its own, so it outlives any one test's
@@ -119,8 +182,9 @@ impl NodeSimulator {
                     let client = crate::control_plane::client_from(&cfg.kubeconfig).await.expect("simulator client");
                     let ec2 = crate::ec2::client(&cfg.ec2_endpoint).await;
                     let mut nodes: HashMap<String, SimNode> = HashMap::new();
+                    let mut view = Ec2View::default();
                     loop {
-                        if let Err(e) = tick(&client, &ec2, &cfg, &mut nodes).await {
+                        if let Err(e) = tick(&client, &ec2, &cfg, &mut nodes, &mut view).await {
                             tracing::debug!(error = %e, "node simulator tick");
                         }
                         tokio::select! {
@@ -173,15 +237,26 @@ async fn tick(
     ec2: &aws_sdk_ec2::Client,
     cfg: &SimConfig,
     nodes: &mut HashMap<String, SimNode>,
+    view: &mut Ec2View,
 ) -> TickResult {
-    let out = ec2
-        .describe_instances()
-        .filters(Filter::builder().name("tag:hangar.dev/cluster").values(&cfg.cluster_name).build())
-        .send()
-        .await?;
+    if view.due(cfg) {
+        view.refresh(ec2, cfg).await?;
+    }
     let node_api: Api<Node> = Api::all(client.clone());
-    let instances = out.reservations().iter().flat_map(|r| r.instances().iter().map(move |i| (r.owner_id(), i)));
-    for (owner, i) in instances {
+    // A node whose instance is no longer listed was terminated.
+    let gone: Vec<String> = nodes
+        .keys()
+        .filter(|id| !view.instances.iter().any(|(_, i)| i.instance_id() == Some(id.as_str())))
+        .cloned()
+        .collect();
+    for id in gone {
+        if let Some(mut node) = nodes.remove(&id) {
+            power_off(&mut node);
+            let _ = node_api.delete(&node.name, &DeleteParams::default()).await;
+        }
+    }
+    for (owner, i) in &view.instances {
+        let owner = owner.as_deref();
         let Some(id) = i.instance_id() else { continue };
         let zone = i.placement().and_then(|p| p.availability_zone()).unwrap_or("ap-southeast-2a");
         let state = i.state().and_then(|s| s.name()).cloned().unwrap_or(InstanceStateName::Pending);

@@ -54,7 +54,11 @@ fn main() {
     let cp = ControlPlane::start().expect("control plane");
     // The whole stack: the operator's leader decides what the webhook
     // asks. Workers renew their heartbeat every 10 s, as in production.
-    let opts = StackOptions { worker_heartbeat_ms: Some(10_000), ..Default::default() };
+    let opts = StackOptions {
+        worker_heartbeat_ms: Some(10_000),
+        operator_env: hangar_e2e::bench::production_intervals(),
+        ..Default::default()
+    };
     let stack = LocalStack::start(cp, opts).expect("local stack");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(run(&stack, runs));
@@ -227,6 +231,7 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     let (floor, _, _) = paced(&http, &sandboxes_url, &baseline, rate, seconds).await;
     let load_before = load_average();
     let (micros, allowed, started) = paced(&http, &url, &review, rate, seconds).await;
+    let ec2_calls = stack.ec2_proxy.calls_since(started);
     let total = rate * seconds;
     let elapsed = started.elapsed().as_secs_f64();
     let load_after = load_average();
@@ -250,6 +255,8 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     row(format!("baseline: a review answered without a decision, {rate}/s (ms)"), &floor, "");
     let scope = if as_tokens { ", as session tokens (scope check)" } else { "" };
     row(format!("one review decided, {rate}/s{scope} (ms)"), &micros, "p99 < 5");
+    println!();
+    println!("EC2 endpoint calls meanwhile (operator and node simulator): {ec2_calls:?}");
 }
 
 /// Ends the sessions `names` and waits until each has ended.

@@ -35,7 +35,8 @@ fn main() {
     hangar_e2e::init_tracing();
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     let cp = ControlPlane::start().expect("control plane");
-    let stack = LocalStack::start(cp, StackOptions::default()).expect("stack");
+    let opts = StackOptions { operator_env: hangar_e2e::bench::production_intervals(), ..Default::default() };
+    let stack = LocalStack::start(cp, opts).expect("stack");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(run(&stack, n));
 }

@@ -35,11 +35,10 @@ fn main() {
     let worker_lost = args.get(1).copied().unwrap_or(10);
     let cp = ControlPlane::start().expect("control plane");
     let opts = StackOptions {
-        operator_env: vec![
-            // Production's describe interval (tests use a shorter one).
-            ("HANGAR_DESCRIBE_INTERVAL_MS".into(), "2000".into()),
-            ("HANGAR_WORKER_LOST_SECONDS".into(), worker_lost.to_string()),
-        ],
+        operator_env: hangar_e2e::bench::production_intervals()
+            .into_iter()
+            .chain([("HANGAR_WORKER_LOST_SECONDS".into(), worker_lost.to_string())])
+            .collect(),
         // EC2's in-between states, 1 s each, through the fault proxy (which
         // also counts the calls).
         ec2_transitions: Some(Duration::from_secs(1)),

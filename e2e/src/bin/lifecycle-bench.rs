@@ -35,11 +35,7 @@ fn main() {
     let stack = LocalStack::start(
         cp,
         StackOptions {
-            // Production's describe interval (tests use a shorter one).
-            operator_env: vec![
-                ("HANGAR_DESCRIBE_INTERVAL_MS".into(), "2000".into()),
-                ("HANGAR_ORPHAN_SWEEP_SECONDS".into(), "300".into()),
-            ],
+            operator_env: hangar_e2e::bench::production_intervals(),
             worker_heartbeat_ms: Some(2000),
             ec2_transitions: None,
             registry_endpoints: vec![],
