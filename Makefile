@@ -7,7 +7,7 @@ export HANGAR_CACHE ?= $(HOME)/.cache/hangar
 export CARGO_TARGET_DIR ?= $(HANGAR_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: up test crds bench deps binaries moto system-packages help
+.PHONY: up test crds bench deps binaries moto system-packages images help
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
@@ -22,8 +22,9 @@ up: deps
 	$(CARGO_TARGET_DIR)/debug/hangar-up
 
 ## Every test, from nothing: the unit tests, the CRD drift test, and the
-## end-to-end tests against a real apiserver, moto and helm.
-test: deps
+## end-to-end tests against a real apiserver, moto and helm (and hangar's
+## own images, which e2e/tests/images.rs packs and checks).
+test: deps images
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -43,6 +44,11 @@ binaries:
 
 moto:
 	@bash e2e/scripts/moto-venv.sh >/dev/null
+
+## hangar's static binaries for linux/amd64 and linux/arm64 (musl), which
+## e2e/scripts/images.sh push packs into multi-platform OCI images.
+images: system-packages
+	@bash e2e/scripts/images.sh build
 
 ## Benchmarks (release build): the lifecycle (latency, EC2 call counts and
 ## memory over 100 sessions, 1,000 paused for memory) and commands (create

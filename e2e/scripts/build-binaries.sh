@@ -12,7 +12,10 @@
 #     127.0.0.1, prints its port and can ask for basic auth;
 #   - crane: go-containerregistry's image tool, which packs hangar's own
 #     binaries into OCI images and multi-platform indexes (no Docker engine).
-# Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry ...]   (default: all)
+#   - kubelet (same wrapper as kube-apiserver), containerd with its runc
+#     shim, and the CNI plugins, for a real node (asked for by name only).
+# Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry|crane|kubelet|containerd|cni ...]
+#   (default: etcd kube-apiserver helm registry crane)
 # Prints the cache's bin directory on stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -88,10 +91,11 @@ GO
     "-X go.etcd.io/etcd/api/v3/version.GitSHA=hangar"
 }
 
-build_kube() {
-  local out="$BIN/kube-apiserver-$KUBE_VERSION"
-  [[ -x "$out" ]] && { log "kube-apiserver $KUBE_VERSION cached"; return; }
+# kube_wrapper: the wrapper module for k8s.io/kubernetes (shared by its
+# binaries), in $WORK/kubernetes-$KUBE_VERSION; prints its directory.
+kube_wrapper() {
   local dir="$WORK/kubernetes-$KUBE_VERSION"
+  if [[ -f "$dir/go.sum" && -f "$dir/.resolved" ]]; then echo "$dir"; return; fi
   rm -rf "$dir" && mkdir -p "$dir"
   log "reading k8s.io/kubernetes@$KUBE_VERSION go.mod for its staging modules"
   local gomod
@@ -111,15 +115,68 @@ build_kube() {
     grep -E '=> \./staging/src/' "$gomod" | awk -v v="v0.$minor_patch" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
   } >"$dir/go.mod"
-  tools_file "$dir" k8s.io/kubernetes/cmd/kube-apiserver
+  # Every binary of k8s.io/kubernetes that hangar builds, so one tidy
+  # resolves them all.
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n)\n' >"$dir/tools.go"
   log "resolving the module graph of k8s.io/kubernetes@$KUBE_VERSION"
   (cd "$dir" && go mod tidy >&2)
-  local v="$KUBE_VERSION" ld=""
+  touch "$dir/.resolved"
+  echo "$dir"
+}
+
+# build_kube <binary>: cmd/<binary> of k8s.io/kubernetes, version-stamped.
+build_kube() {
+  local name=$1
+  cached "$name" "$KUBE_VERSION" && return
+  local dir
+  dir=$(kube_wrapper)
+  local v="$KUBE_VERSION" minor_patch="${KUBE_VERSION#v1.}" ld=""
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=${minor_patch%%.*}"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  go_build kube-apiserver "$KUBE_VERSION" "$dir" k8s.io/kubernetes/cmd/kube-apiserver "$ld"
+  go_build "$name" "$KUBE_VERSION" "$dir" "k8s.io/kubernetes/cmd/$name" "$ld"
+}
+
+# containerd and its runc shim (runc itself is Debian's: it needs cgo).
+# Without cgo the btrfs and devmapper snapshotters cannot build; the
+# overlayfs and native ones stay.
+build_containerd() {
+  local name
+  for name in containerd containerd-shim-runc-v2; do
+    cached "$name" "$CONTAINERD_VERSION" && continue
+    local dir="$WORK/containerd-$CONTAINERD_VERSION"
+    if [[ ! -f "$dir/.resolved" ]]; then
+      rm -rf "$dir" && mkdir -p "$dir"
+      printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/containerd/containerd/v2/cmd/containerd"\n\t_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"\n)\n' >"$dir/tools.go"
+      wrapper_module "$dir" containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION"
+      touch "$dir/.resolved"
+    fi
+    local ld="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+    (export GOFLAGS="$GOFLAGS -tags=no_btrfs,no_devmapper,no_zfs"
+      go_build "$name" "$CONTAINERD_VERSION" "$dir" "github.com/containerd/containerd/v2/cmd/$name" "$ld")
+  done
+}
+
+# The CNI plugins a node's Pods need: bridge, host-local IPAM, loopback,
+# portmap; into $BIN/cni-$CNI_PLUGINS_VERSION/ (the kubelet's CNI bin dir).
+build_cni() {
+  local out="$BIN/cni-$CNI_PLUGINS_VERSION"
+  [[ -x "$out/bridge" && -x "$out/host-local" && -x "$out/loopback" && -x "$out/portmap" ]] &&
+    { log "cni plugins $CNI_PLUGINS_VERSION cached"; return; }
+  local dir
+  dir=$(work_dir cni "$CNI_PLUGINS_VERSION")
+  local m=github.com/containernetworking/plugins
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/plugins/main/bridge"\n\t_ "%s/plugins/ipam/host-local"\n\t_ "%s/plugins/main/loopback"\n\t_ "%s/plugins/meta/portmap"\n)\n' $m $m $m $m >"$dir/tools.go"
+  wrapper_module "$dir" cni "$m" "$CNI_PLUGINS_VERSION"
+  mkdir -p "$out"
+  local p start=$SECONDS
+  log "compiling the cni plugins $CNI_PLUGINS_VERSION"
+  for p in main/bridge ipam/host-local main/loopback meta/portmap; do
+    (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$out/${p##*/}.tmp" "$m/plugins/$p")
+    mv "$out/${p##*/}.tmp" "$out/${p##*/}"
+  done
+  log "built $out in $((SECONDS - start))s"
 }
 
 build_helm() {
@@ -207,11 +264,14 @@ build_crane() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm registry)
+[[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm registry crane)
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) build_etcd ;;
-    kube-apiserver) build_kube ;;
+    kube-apiserver) build_kube kube-apiserver ;;
+    kubelet) build_kube kubelet ;;
+    containerd) build_containerd ;;
+    cni) build_cni ;;
     helm) build_helm ;;
     registry) build_registry ;;
     crane) build_crane ;;

@@ -29,7 +29,7 @@ pub fn go_binary(name: &str) -> Result<PathBuf> {
         "etcd" => "ETCD_VERSION",
         "kube-apiserver" => "KUBE_VERSION",
         "helm" => "HELM_VERSION",
-        "registry" => "GGCR_VERSION",
+        "registry" | "crane" => "GGCR_VERSION",
         other => panic!("no build recipe for {other}"),
     };
     let path = cache_dir().join("bin").join(format!("{name}-{}", version(key)));

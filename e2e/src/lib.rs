@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod build;
+pub mod chart;
 pub mod commands;
 pub mod control_plane;
 pub mod cut_proxy;
@@ -15,6 +16,7 @@ pub mod ec2_faults;
 pub mod error;
 pub mod eventbridge;
 pub mod gateway;
+pub mod images;
 pub mod imds;
 pub mod metrics_text;
 pub mod moto;

@@ -2,52 +2,9 @@
 //! RBAC rule says why it exists, and it installs into a real apiserver
 //! (CRDs Established) granting each component only what it needs.
 
-use std::process::Output;
-
 use hangar_e2e::ControlPlane;
-use hangar_e2e::build::go_binary;
+use hangar_e2e::chart::{chart, find, helm, render, text};
 use hangar_e2e::paths::repo_root;
-use serde::Deserialize;
-
-fn chart() -> String {
-    repo_root().join("charts/hangar").display().to_string()
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-/// `helm <args>` with no cluster (lint, template).
-fn helm(args: &[&str]) -> Output {
-    let dir = std::env::temp_dir().join(format!("hangar-helm-home-{}", std::process::id()));
-    std::process::Command::new(go_binary("helm").expect("helm"))
-        .args(args)
-        .env("HELM_CACHE_HOME", dir.join("cache"))
-        .env("HELM_CONFIG_HOME", dir.join("config"))
-        .env("HELM_DATA_HOME", dir.join("data"))
-        .output()
-        .expect("run helm")
-}
-
-fn render(extra: &[&str]) -> Vec<serde_yaml::Value> {
-    let chart = chart();
-    let mut args = vec!["template", "hangar", chart.as_str(), "-n", "hangar-system"];
-    args.extend_from_slice(extra);
-    let out = helm(&args);
-    assert!(out.status.success(), "helm template: {}", text(&out));
-    serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn find<'a>(docs: &'a [serde_yaml::Value], kind: &str, name: &str, ns: Option<&str>) -> Option<&'a serde_yaml::Value> {
-    docs.iter().find(|d| {
-        d["kind"].as_str() == Some(kind)
-            && d["metadata"]["name"].as_str() == Some(name)
-            && (ns.is_none() || d["metadata"]["namespace"].as_str() == ns)
-    })
-}
 
 fn grants(role: &serde_yaml::Value, resource: &str) -> bool {
     role["rules"]
@@ -93,7 +50,8 @@ fn values_schema_refuses_bad_values() {
         ("operator.replicas=0", "minimum"),
         ("typo=1", "additional properties 'typo' not allowed"),
         ("aws.region=Sydney", "aws/region"),
-        ("image.digest=latest", "image/digest"),
+        ("image.digests.operator=latest", "image/digests/operator"),
+        ("image.digests.other=sha256:00", "image/digests"),
         ("watchNamespaces[0]=Team_A", "watchNamespaces/0"),
         ("aws.instanceProfile=arn:aws:iam::123:role/not-a-profile", "aws/instanceProfile"),
     ] {
@@ -266,6 +224,7 @@ fn operator_accepts_the_charts_flags_and_environment() {
         "leader_elect: true",
         "\"0.0.0.0:8443\"",
         "/etc/hangar/instance-identity/certificate.pem",
+        "ghcr.io/hangar-dev/hangar/supervisor:",
     ] {
         assert!(printed.contains(want), "{want} not in the parsed settings: {printed}");
     }

@@ -165,6 +165,12 @@ pub struct Settings {
     /// Where to reach a registry host, `host=url`, repeatable (like
     /// containerd's mirrors): images keep their names, the preflight reads
     /// them from `url`. `http://` only for a loopback registry.
+    /// hangar's supervisor image (by digest). When set, each agent Pod gets
+    /// an init container from it that puts the supervisor into a volume the
+    /// agent container runs it from, so a tenant's image needs nothing of
+    /// hangar's; unset, the image must carry it at `/hangar/supervisor`.
+    #[arg(long, env = "HANGAR_SUPERVISOR_IMAGE")]
+    pub supervisor_image: Option<String>,
     #[arg(long = "registry-endpoint", env = "HANGAR_REGISTRY_ENDPOINTS", value_delimiter = ',', value_parser = parse_pair)]
     pub registry_endpoints: Vec<(String, String)>,
     /// A `kubernetes.io/dockerconfigjson` Secret in the operator's namespace

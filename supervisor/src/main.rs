@@ -2,6 +2,10 @@
 //! library, `lib.rs`).
 //! `hangar-supervisor --mode commands|agent --socket PATH [--workdir DIR]
 //! [--grace-seconds N] [-- ARGV...]`
+//! `hangar-supervisor --install PATH`: copies this binary to PATH and ends
+//! (the agent Pod's init container, from hangar's supervisor image, puts it
+//! where the tenant's image runs it).
+//! `hangar-supervisor --version`
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,6 +16,19 @@ use hangar_supervisor::{Config, serve};
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    if args.first().map(String::as_str) == Some("--version") {
+        println!("hangar-supervisor {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    if let Some(dest) = flag("--install") {
+        return match install(std::path::Path::new(&dest)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("hangar-supervisor: install to {dest}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mode = flag("--mode").unwrap_or_else(|| "commands".into());
     let Some(socket) = flag("--socket") else {
         eprintln!("usage: hangar-supervisor --mode commands|agent --socket PATH [-- ARGV...]");
@@ -44,6 +61,16 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Copies this binary to `dest` (mode 0555), through a temporary file and
+/// a rename, so a restarted init container never leaves half a binary.
+fn install(dest: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = dest.with_extension("installing");
+    std::fs::copy(std::env::current_exe()?, &tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o555))?;
+    std::fs::rename(&tmp, dest)
 }
 
 /// Waits until the worker has opened the workspace (its marker is there):

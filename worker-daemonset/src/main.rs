@@ -114,6 +114,10 @@ impl Config {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--version") {
+        println!("hangar-worker {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     hangar_runtime::telemetry::init();
     let result = async {
         let config = Config::from_env()?;

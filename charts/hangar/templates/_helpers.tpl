@@ -20,11 +20,15 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Image of a component, by digest when one is given for it:
+hangar.image (dict "root" . "component" "operator") */}}
 {{- define "hangar.image" -}}
-{{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- $image := .root.Values.image -}}
+{{- $digest := index ($image.digests | default dict) .component | default "" -}}
+{{- if $digest -}}
+{{ $image.repository }}/{{ .component }}@{{ $digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ $image.repository }}/{{ .component }}:{{ $image.tag | default .root.Chart.AppVersion }}
 {{- end -}}
 {{- end -}}
 

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use hangar_crds::{Mode, Sandbox};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, HostPathVolumeSource, Pod, PodSpec, SecretVolumeSource, SecurityContext, Toleration,
-    Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, HostPathVolumeSource, Pod, PodSpec, SecretVolumeSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -23,6 +23,11 @@ pub const HOST_WORKSPACE: &str = "/var/lib/hangar/workspace";
 /// Where the worker and the supervisor share their Unix socket.
 pub const HOST_SOCKET_DIR: &str = "/var/run/hangar";
 pub const SUPERVISOR: &str = "/hangar/supervisor";
+/// The volume the supervisor is installed into (when hangar's supervisor
+/// image is configured), mounted at `/hangar`.
+const SUPERVISOR_BIN_VOLUME: &str = "hangar-supervisor";
+/// Where hangar's supervisor image keeps the binary.
+const SUPERVISOR_IN_ITS_IMAGE: &str = "/usr/local/bin/hangar-supervisor";
 
 /// The volume of the `i`th attachment.
 pub fn attachment_volume(i: usize) -> String {
@@ -44,7 +49,11 @@ pub fn is_ours(pod: &Pod, session_id: &str) -> bool {
         .any(|r| r.controller == Some(true) && r.kind == "Sandbox" && r.uid == session_id)
 }
 
-pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) -> Pod {
+/// `supervisor_image`: hangar's supervisor image; an init container from it
+/// installs the supervisor into an emptyDir the agent container runs it
+/// from (read-only there, so code in the sandbox cannot replace it). None:
+/// the agent image carries it at `SUPERVISOR`.
+pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str, supervisor_image: Option<&str>) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
     let mode = match spec.mode {
@@ -82,6 +91,30 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
         security_context: Some(hardened.clone()),
         ..Default::default()
     }];
+    let mut init_containers = Vec::new();
+    let mut supervisor_volume = Vec::new();
+    if let Some(supervisor_image) = supervisor_image {
+        let mount = |read_only| VolumeMount {
+            name: SUPERVISOR_BIN_VOLUME.into(),
+            mount_path: "/hangar".into(),
+            read_only: Some(read_only),
+            ..Default::default()
+        };
+        containers[0].volume_mounts.get_or_insert_with(Vec::new).push(mount(true));
+        init_containers.push(Container {
+            name: "install-supervisor".into(),
+            image: Some(supervisor_image.to_owned()),
+            command: Some(vec![SUPERVISOR_IN_ITS_IMAGE.into(), "--install".into(), SUPERVISOR.into()]),
+            volume_mounts: Some(vec![mount(false)]),
+            security_context: Some(SecurityContext { read_only_root_filesystem: Some(true), ..hardened.clone() }),
+            ..Default::default()
+        });
+        supervisor_volume.push(Volume {
+            name: SUPERVISOR_BIN_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+    }
     for c in &spec.companions {
         containers.push(Container {
             name: c.name.clone(),
@@ -140,6 +173,7 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
                 ..Default::default()
             }]),
             containers,
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
             volumes: Some(
                 [
                     Volume {
@@ -154,6 +188,7 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str) 
                     },
                 ]
                 .into_iter()
+                .chain(supervisor_volume)
                 .chain(attachment_volumes)
                 .collect(),
             ),
@@ -182,7 +217,7 @@ spec:
 "#,
         )
         .unwrap();
-        let pod = build(&sandbox, "sess-1", "ip-10-0-0-1", "r/a@sha256:00");
+        let pod = build(&sandbox, "sess-1", "ip-10-0-0-1", "r/a@sha256:00", None);
         let spec = pod.spec.clone().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("ip-10-0-0-1"));
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -197,6 +232,30 @@ spec:
         let mut squatter = pod.clone();
         squatter.metadata.owner_references = None;
         assert!(!is_ours(&squatter, "0c5e-uid"), "a Pod created by someone else under the agent's name");
+        assert!(spec.init_containers.is_none(), "no supervisor image: the agent image carries the supervisor");
+    }
+
+    #[test]
+    fn supervisor_image_installs_the_supervisor_read_only_for_the_agent() {
+        let sandbox: Sandbox = serde_yaml::from_str(
+            "{apiVersion: hangar.dev/v1alpha1, kind: Sandbox, metadata: {name: b, namespace: t, uid: u}, \
+             spec: {mode: commands, image: 'r/a@sha256:00', tenant: acme}}",
+        )
+        .unwrap();
+        let spec = build(&sandbox, "u", "n", "r/a@sha256:00", Some("r/hangar/supervisor@sha256:55")).spec.unwrap();
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some("r/hangar/supervisor@sha256:55"));
+        assert_eq!(init.command.as_ref().unwrap()[1..], ["--install", SUPERVISOR]);
+        let mount_of = |c: &Container| {
+            c.volume_mounts.iter().flatten().find(|m| m.name == SUPERVISOR_BIN_VOLUME).cloned().unwrap()
+        };
+        assert_eq!(mount_of(init).read_only, Some(false));
+        let agent = &spec.containers[0];
+        assert_eq!(agent.command.as_deref(), Some(&[SUPERVISOR.to_owned()][..]));
+        assert!(SUPERVISOR.starts_with(&format!("{}/", mount_of(agent).mount_path)));
+        assert_eq!(mount_of(agent).read_only, Some(true), "code in the sandbox cannot replace its supervisor");
+        let volume = spec.volumes.unwrap().into_iter().find(|v| v.name == SUPERVISOR_BIN_VOLUME).unwrap();
+        assert!(volume.empty_dir.is_some() && volume.host_path.is_none(), "per Pod, nothing shared on the node");
     }
 
     #[test]
@@ -219,7 +278,7 @@ spec:
 "#,
         )
         .unwrap();
-        let spec = build(&sandbox, "u", "n", "r/a@sha256:00").spec.unwrap();
+        let spec = build(&sandbox, "u", "n", "r/a@sha256:00", None).spec.unwrap();
         let mounts = |name: &str| -> Vec<(String, Option<bool>)> {
             let c = spec.containers.iter().find(|c| c.name == name).unwrap();
             c.volume_mounts
