@@ -917,6 +917,11 @@ async fn lifecycle_and_member_routes_answer_each_kind_of_caller() {
     assert_eq!(status, 202, "resume by the member: {v}");
     sessions::wait_phase(stack, &boxes, "a", Phase::Running).await;
 
+    // A control token of another session, while that session is live (the
+    // reset revokes it once its own session ends).
+    let (status, v) = gw.as_token(&pilot_b, "POST", &format!("/v1/sandboxes/{d}/stop"), None).await;
+    assert_eq!(status, 403, "a control token of another session: {v}");
+
     // Each way to end a session: stop by the member, revoke-all by a
     // control token on either route.
     let (status, v) = gw.call("POST", &format!("/v1/sandboxes/{a}/stop"), Some(&owner), None, &[]).await;
@@ -925,8 +930,6 @@ async fn lifecycle_and_member_routes_answer_each_kind_of_caller() {
     assert_eq!(status, 202, "revoke-all with a control token: {v}");
     let (status, v) = gw.as_token(&pilot_c, "POST", "/v1/sandbox-session/revoke-all", None).await;
     assert_eq!(status, 202, "sandbox-session/revoke-all: {v}");
-    let (status, v) = gw.as_token(&pilot_b, "POST", &format!("/v1/sandboxes/{d}/stop"), None).await;
-    assert_eq!(status, 403, "a control token of another session: {v}");
     for (name, reason) in [("a", "cancelled"), ("b", "revoke_all"), ("c", "revoke_all")] {
         let ended = sessions::wait_phase(stack, &boxes, name, Phase::Ended).await;
         let got = ended.status.and_then(|s| s.stop_reason).unwrap_or_default();
