@@ -22,9 +22,12 @@ use super::labels::{SESSION_LABEL, SESSION_TAINT};
 pub const HOST_WORKSPACE: &str = "/var/lib/hangar/workspace";
 /// Where the worker and the supervisor share their Unix socket.
 pub const HOST_SOCKET_DIR: &str = "/var/run/hangar";
+/// Where the agent container runs the supervisor from, and the directory
+/// hangar's supervisor image installs it into.
 pub const SUPERVISOR: &str = "/hangar/supervisor";
+const SUPERVISOR_DIR: &str = "/hangar";
 /// The volume the supervisor is installed into (when hangar's supervisor
-/// image is configured), mounted at `/hangar`.
+/// image is configured), mounted at `SUPERVISOR_DIR`.
 const SUPERVISOR_BIN_VOLUME: &str = "hangar-supervisor";
 /// Where hangar's supervisor image keeps the binary.
 const SUPERVISOR_IN_ITS_IMAGE: &str = "/usr/local/bin/hangar-supervisor";
@@ -96,7 +99,7 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str, 
     if let Some(supervisor_image) = supervisor_image {
         let mount = |read_only| VolumeMount {
             name: SUPERVISOR_BIN_VOLUME.into(),
-            mount_path: "/hangar".into(),
+            mount_path: SUPERVISOR_DIR.into(),
             read_only: Some(read_only),
             ..Default::default()
         };
