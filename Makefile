@@ -7,7 +7,7 @@ export HANGAR_CACHE ?= $(HOME)/.cache/hangar
 export CARGO_TARGET_DIR ?= $(HANGAR_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: up test crds bench deps binaries moto system-packages images help
+.PHONY: up test crds bench deps binaries real-node moto system-packages images help
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
@@ -24,7 +24,7 @@ up: deps
 ## Every test, from nothing: the unit tests, the CRD drift test, and the
 ## end-to-end tests against a real apiserver, moto and helm (and hangar's
 ## own images, which e2e/tests/images.rs packs and checks).
-test: deps images
+test: deps real-node images
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 
@@ -44,6 +44,12 @@ binaries:
 
 moto:
 	@bash e2e/scripts/moto-venv.sh >/dev/null
+
+## A real node for e2e/tests/real_node.rs: kubelet, kube-controller-manager
+## and kube-scheduler (same module as kube-apiserver), containerd and its
+## runc shim, the CNI plugins and hangar's pause program.
+real-node: system-packages
+	@bash e2e/scripts/build-binaries.sh kubelet kube-controller-manager kube-scheduler containerd cni pause >/dev/null
 
 ## hangar's static binaries for linux/amd64 and linux/arm64 (musl), which
 ## e2e/scripts/images.sh push packs into multi-platform OCI images.

@@ -14,7 +14,8 @@
 #     binaries into OCI images and multi-platform indexes (no Docker engine).
 #   - kubelet (same wrapper as kube-apiserver), containerd with its runc
 #     shim, and the CNI plugins, for a real node (asked for by name only).
-# Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry|crane|kubelet|containerd|cni ...]
+# Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry|crane|kubelet|
+#   kube-controller-manager|kube-scheduler|containerd|cni|pause ...]
 #   (default: etcd kube-apiserver helm registry crane)
 # Prints the cache's bin directory on stdout; progress goes to stderr.
 set -euo pipefail
@@ -93,9 +94,13 @@ GO
 
 # kube_wrapper: the wrapper module for k8s.io/kubernetes (shared by its
 # binaries), in $WORK/kubernetes-$KUBE_VERSION; prints its directory.
+KUBE_CMDS="kube-apiserver kubelet kube-controller-manager kube-scheduler"
 kube_wrapper() {
   local dir="$WORK/kubernetes-$KUBE_VERSION"
-  if [[ -f "$dir/go.sum" && -f "$dir/.resolved" ]]; then echo "$dir"; return; fi
+  if [[ -f "$dir/go.sum" && "$(cat "$dir/.resolved" 2>/dev/null)" == "$KUBE_CMDS" ]]; then
+    echo "$dir"
+    return
+  fi
   rm -rf "$dir" && mkdir -p "$dir"
   log "reading k8s.io/kubernetes@$KUBE_VERSION go.mod for its staging modules"
   local gomod
@@ -117,10 +122,15 @@ kube_wrapper() {
   } >"$dir/go.mod"
   # Every binary of k8s.io/kubernetes that hangar builds, so one tidy
   # resolves them all.
-  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n)\n' >"$dir/tools.go"
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    local c
+    for c in $KUBE_CMDS; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+    printf ')\n'
+  } >"$dir/tools.go"
   log "resolving the module graph of k8s.io/kubernetes@$KUBE_VERSION"
   (cd "$dir" && go mod tidy >&2)
-  touch "$dir/.resolved"
+  echo "$KUBE_CMDS" >"$dir/.resolved"
   echo "$dir"
 }
 
@@ -263,18 +273,56 @@ build_crane() {
   go_build crane "$GGCR_VERSION" "$dir" github.com/google/go-containerregistry/cmd/crane
 }
 
+# pause: the real node's sandbox ("pause") image entrypoint. It holds a
+# Pod's namespaces as PID 1 and reaps what is reparented to it; hangar
+# builds its own so the node needs nothing from a public registry.
+build_pause() {
+  cached pause "$PAUSE_VERSION" && return
+  local dir
+  dir=$(work_dir pause "$PAUSE_VERSION")
+  cat >"$dir/main.go" <<'GO'
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	signals := make(chan os.Signal, 8)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for sig := range signals {
+		if sig != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var status syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+GO
+  (cd "$dir" && go mod init hangar.local/pause >/dev/null 2>&1)
+  go_build pause "$PAUSE_VERSION" "$dir" .
+}
+
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm registry crane)
 for t in "${targets[@]}"; do
   case "$t" in
     etcd) build_etcd ;;
     kube-apiserver) build_kube kube-apiserver ;;
-    kubelet) build_kube kubelet ;;
+    kubelet | kube-controller-manager | kube-scheduler) build_kube "$t" ;;
     containerd) build_containerd ;;
     cni) build_cni ;;
     helm) build_helm ;;
     registry) build_registry ;;
     crane) build_crane ;;
+    pause) build_pause ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

@@ -27,7 +27,11 @@ fn run_script(name: &str, args: &[&str]) -> Result<()> {
 pub fn go_binary(name: &str) -> Result<PathBuf> {
     let key = match name {
         "etcd" => "ETCD_VERSION",
-        "kube-apiserver" => "KUBE_VERSION",
+        "kube-apiserver" | "kubelet" | "kube-controller-manager" | "kube-scheduler" => "KUBE_VERSION",
+        "containerd" | "containerd-shim-runc-v2" => "CONTAINERD_VERSION",
+        // A directory of plugins (bridge, host-local, loopback, portmap).
+        "cni" => "CNI_PLUGINS_VERSION",
+        "pause" => "PAUSE_VERSION",
         "helm" => "HELM_VERSION",
         "registry" | "crane" => "GGCR_VERSION",
         other => panic!("no build recipe for {other}"),
@@ -38,7 +42,8 @@ pub fn go_binary(name: &str) -> Result<PathBuf> {
         static LOCK: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
         let _g = LOCK.get_or_init(Default::default).lock();
         if !path.exists() {
-            run_script("build-binaries.sh", &[name])?;
+            // The shim is built with containerd, under containerd's name.
+            run_script("build-binaries.sh", &[if name == "containerd-shim-runc-v2" { "containerd" } else { name }])?;
         }
     }
     Ok(path)

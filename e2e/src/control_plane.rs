@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -19,9 +20,22 @@ use crate::process::{ChildProcess, RunDir, free_port, port_open, wait_until};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// What runs beside the apiserver.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// etcd and kube-apiserver alone: the node simulator plays the rest.
+    ApiOnly,
+    /// A cluster for real kubelets: kube-controller-manager (Deployments,
+    /// DaemonSets, ServiceAccounts, the `kube-root-ca.crt` ConfigMap) and
+    /// kube-scheduler run too, and the ServiceAccount admission plugin
+    /// mounts each Pod's projected token.
+    Cluster,
+}
+
 pub struct ControlPlane {
-    // Field order is drop order: the apiserver stops before etcd, and the
-    // directory goes last.
+    // Field order is drop order: the controllers and then the apiserver
+    // stop before etcd, and the directory goes last.
+    controllers: Vec<ChildProcess>,
     apiserver: ChildProcess,
     etcd: ChildProcess,
     pub kubeconfig: PathBuf,
@@ -34,13 +48,20 @@ impl ControlPlane {
     /// `Err` with its log tail when etcd or the apiserver has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         self.etcd.check_alive()?;
-        self.apiserver.check_alive()
+        self.apiserver.check_alive()?;
+        self.controllers.iter_mut().try_for_each(ChildProcess::check_alive)
     }
 
     /// Starts etcd and kube-apiserver in a fresh temporary directory and
     /// installs the CRDs.
     pub fn start() -> Result<Self> {
         Self::start_in(RunDir::new("hangar-e2e")?, true)
+    }
+
+    /// A cluster for real nodes (`Mode::Cluster`), without the CRDs (the
+    /// Helm chart installs them).
+    pub fn start_cluster() -> Result<Self> {
+        Self::start_with(RunDir::new("hangar-cluster")?, false, Mode::Cluster)
     }
 
     /// Without the CRDs (for a test that installs them some other way, e.g.
@@ -51,6 +72,10 @@ impl ControlPlane {
 
     /// In `dir` (`make up` uses a fixed one so KUBECONFIG has a stable path).
     pub fn start_in(dir: RunDir, with_crds: bool) -> Result<Self> {
+        Self::start_with(dir, with_crds, Mode::ApiOnly)
+    }
+
+    pub fn start_with(dir: RunDir, with_crds: bool, mode: Mode) -> Result<Self> {
         let etcd_bin = go_binary("etcd")?;
         let apiserver_bin = go_binary("kube-apiserver")?;
         let root = dir.path.clone();
@@ -102,9 +127,6 @@ impl ControlPlane {
             // webhook, which accepts no other client.
             format!("--admission-control-config-file={}", admission_config.display()),
             "--allow-privileged=true".to_owned(),
-            // No kube-controller-manager runs here, so nothing would create
-            // the default ServiceAccount that this plugin insists on.
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
             // A loopback advertise address cannot go into the `kubernetes`
             // Endpoints; there is one apiserver, nothing to reconcile.
             "--endpoint-reconciler-type=none".to_owned(),
@@ -112,16 +134,76 @@ impl ControlPlane {
             "--profiling=false".to_owned(),
             "--v=1".to_owned(),
         ]);
+        match mode {
+            // No kube-controller-manager runs, so nothing would create the
+            // default ServiceAccount that this plugin insists on.
+            Mode::ApiOnly => api_cmd.arg("--disable-admission-plugins=ServiceAccount"),
+            // The apiserver calls webhooks at their Service's endpoints: no
+            // kube-proxy runs here to route a ClusterIP.
+            Mode::Cluster => api_cmd.arg("--enable-aggregator-routing=true"),
+        };
         let mut apiserver = ChildProcess::spawn("kube-apiserver", api_cmd, &root.join("kube-apiserver.log"))?;
         wait_until("kube-apiserver port", &mut apiserver, READY_TIMEOUT, || port_open(port))?;
 
         let server = format!("https://127.0.0.1:{port}");
         let kubeconfig = root.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &server, &pki)?;
-        let mut cp = Self { apiserver, etcd, kubeconfig, server, pki, dir };
+        write_kubeconfig(&kubeconfig, &server, &pki.ca_pem, &pki.admin_cert_pem, &pki.admin_key_pem)?;
+        let mut cp = Self { controllers: Vec::new(), apiserver, etcd, kubeconfig, server, pki, dir };
         cp.wait_ready(with_crds)?;
+        if mode == Mode::Cluster {
+            cp.start_controllers()?;
+        }
         tracing::info!(elapsed = ?started.elapsed(), server = %cp.server, "control plane ready, CRDs Established");
         Ok(cp)
+    }
+
+    /// kube-controller-manager and kube-scheduler, each with a client
+    /// certificate of the user the apiserver's bootstrap RBAC expects.
+    fn start_controllers(&mut self) -> Result<()> {
+        let root = self.dir.path.clone();
+        for (name, user) in
+            [("kube-controller-manager", "system:kube-controller-manager"), ("kube-scheduler", "system:kube-scheduler")]
+        {
+            let client = self.pki.ca.client(user, &[])?;
+            let kubeconfig = root.join(format!("{name}.kubeconfig"));
+            write_kubeconfig(&kubeconfig, &self.server, &self.pki.ca_pem, &client.cert, &client.key)?;
+            let kc = kubeconfig.display().to_string();
+            let mut cmd = Command::new(go_binary(name)?);
+            cmd.args([
+                format!("--kubeconfig={kc}"),
+                format!("--authentication-kubeconfig={kc}"),
+                format!("--authorization-kubeconfig={kc}"),
+                "--leader-elect=false".to_owned(),
+                "--bind-address=127.0.0.1".to_owned(),
+                format!("--secure-port={}", free_port()),
+                "--v=1".to_owned(),
+            ]);
+            if name == "kube-controller-manager" {
+                cmd.args([
+                    // Published into every namespace as kube-root-ca.crt,
+                    // the CA of each Pod's projected token volume.
+                    format!("--root-ca-file={}", self.pki.ca_cert.display()),
+                    format!("--service-account-private-key-file={}", self.pki.service_account_key.display()),
+                    // One credential per controller, as in a real cluster,
+                    // so each acts with its own bootstrap role.
+                    "--use-service-account-credentials=true".to_owned(),
+                ]);
+            }
+            self.controllers.push(ChildProcess::spawn(name, cmd, &root.join(format!("{name}.log")))?);
+        }
+        // Ready for Pods once the controllers made what every Pod's token
+        // volume needs: the namespace's ServiceAccount and CA ConfigMap.
+        let kubeconfig = self.kubeconfig.clone();
+        let made = || {
+            crate::real_node::block_on(async {
+                let Ok(client) = client_from(&kubeconfig).await else { return false };
+                let sa = Api::<ServiceAccount>::namespaced(client.clone(), "default").get_opt("default").await;
+                let ca = Api::<ConfigMap>::namespaced(client, "default").get_opt("kube-root-ca.crt").await;
+                matches!((sa, ca), (Ok(Some(_)), Ok(Some(_))))
+            })
+        };
+        let manager = &mut self.controllers[0];
+        wait_until("kube-controller-manager (default ServiceAccount)", manager, READY_TIMEOUT, made)
     }
 
     /// kube-apiserver killed and started again (etcd keeps the state);
@@ -250,7 +332,8 @@ pub async fn install_crds(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
-fn write_kubeconfig(path: &std::path::Path, server: &str, pki: &Pki) -> Result<()> {
+/// A kubeconfig for `server` as the client `cert`/`key` (PEM).
+pub fn write_kubeconfig(path: &std::path::Path, server: &str, ca_pem: &str, cert: &str, key: &str) -> Result<()> {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let body = format!(
         "apiVersion: v1
@@ -272,9 +355,9 @@ contexts:
     user: hangar-admin
 current-context: hangar-local
 ",
-        ca = b64(&pki.ca_pem),
-        cert = b64(&pki.admin_cert_pem),
-        key = b64(&pki.admin_key_pem),
+        ca = b64(ca_pem),
+        cert = b64(cert),
+        key = b64(key),
     );
     std::fs::write(path, body).map_err(io(format!("write {}", path.display())))
 }

@@ -24,6 +24,10 @@ pub enum HarnessError {
     Kubeconfig(#[from] kube::config::KubeconfigError),
     #[error("CRD manifests: {0}")]
     Manifest(#[from] hangar_crds::manifests::ManifestError),
+    #[error("{command} failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("no free 10.89.<k>.0/24 for a node's bridge")]
+    NoNodeNetwork,
     #[error("CRD {0} did not become Established")]
     CrdNotEstablished(String),
 }

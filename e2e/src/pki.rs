@@ -13,6 +13,9 @@ use rcgen::{
 use crate::error::{Result, io};
 
 pub struct Pki {
+    /// The cluster CA itself, to issue more clients (a kubelet's
+    /// `system:node:<name>`, the controllers').
+    pub ca: LocalCa,
     pub ca_cert: PathBuf,
     pub ca_pem: String,
     pub serving_cert: PathBuf,
@@ -110,6 +113,7 @@ impl Pki {
             admin_key_pem: admin.key,
             service_account_key: write(dir, "sa.key", &sa.serialize_pem())?,
             service_account_pub: write(dir, "sa.pub", &sa.public_key_pem())?,
+            ca,
         })
     }
 }

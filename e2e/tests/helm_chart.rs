@@ -136,6 +136,67 @@ fn every_workload_runs_hardened() {
     assert_eq!(checked, 3, "the three Deployments' containers were checked");
 }
 
+/// In the node's network (`hostNetwork`) a component listens on the node's
+/// own address (`$(POD_IP)`, defined before it) and on the ports the
+/// values give, never on every node interface; by default it listens on
+/// its Pod's addresses and asks no host namespace.
+#[test]
+fn host_network_binds_the_nodes_address_on_the_given_ports() {
+    let listeners = |docs: &[serde_yaml::Value]| -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
+            let pod = &d["spec"]["template"]["spec"];
+            for c in pod["containers"].as_sequence().unwrap() {
+                let env = c["env"].as_sequence().unwrap();
+                let pod_ip = env.iter().position(|e| e["name"] == "POD_IP");
+                for (i, e) in env.iter().enumerate() {
+                    let name = e["name"].as_str().unwrap();
+                    if name.ends_with("_LISTEN") {
+                        let value = e["value"].as_str().unwrap().to_owned();
+                        if value.starts_with("$(POD_IP)") {
+                            assert!(pod_ip.is_some_and(|p| p < i), "{name}: POD_IP is defined before it");
+                        }
+                        found.push((name.to_owned(), value));
+                    }
+                }
+            }
+        }
+        found
+    };
+    let default = render(&[]);
+    assert!(listeners(&default).iter().all(|(_, v)| v.starts_with("0.0.0.0:")), "{:?}", listeners(&default));
+    let ports = [
+        "operator.ports.admin=18080",
+        "operator.ports.metrics=18443",
+        "webhook.ports.https=28443",
+        "webhook.ports.admin=29090",
+        "webhook.ports.metrics=29443",
+        "gateway.ports.https=38443",
+        "gateway.ports.peer=38444",
+        "gateway.ports.admin=39090",
+        "gateway.ports.metrics=39443",
+    ];
+    let mut args = vec!["--set", "hostNetwork=true"];
+    for p in &ports {
+        args.extend(["--set", p]);
+    }
+    let docs = render(&args);
+    let found = listeners(&docs);
+    // operator: admin, metrics; webhook: https, metrics, admin; gateway:
+    // https, admin, metrics, peer.
+    assert_eq!(found.len(), 9, "{found:?}");
+    for (name, value) in &found {
+        assert!(value.starts_with("$(POD_IP):"), "{name}={value}: only the node's address");
+        let port = value.rsplit(':').next().unwrap();
+        assert!(ports.iter().any(|p| p.ends_with(&format!("={port}"))), "{name}={value}: a port from the values");
+    }
+    for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
+        assert_eq!(pod["dnsPolicy"].as_str(), Some("ClusterFirstWithHostNet"));
+    }
+}
+
 /// The operator writes certificates and the gateway reads output in the
 /// output store: without an S3 URL a directory, which a read-only root
 /// filesystem must get as a volume.

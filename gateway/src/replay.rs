@@ -131,7 +131,7 @@ impl ReplayGuard {
                 }
             });
         }
-        let http = reqwest::Client::builder().timeout(PEER_TIMEOUT).build().expect("an HTTP client");
+        let http = hangar_runtime::https::plain_http_client(PEER_TIMEOUT).expect("an HTTP client without TLS roots");
         Self { local: Mutex::new(ReplayWindow::new(CAPACITY)), peers: Some(Peers { me, members: list, key, http }) }
     }
 

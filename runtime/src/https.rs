@@ -36,6 +36,8 @@ pub enum TlsError {
     Config(#[from] rustls::Error),
     #[error("client CA: {0}")]
     ClientCa(String),
+    #[error("HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
 }
 
 /// A server configuration from PEM files (certificate chain, private key).
@@ -106,6 +108,20 @@ pub fn client_config_trusting(ca: &[u8]) -> Result<rustls::ClientConfig, TlsErro
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth())
+}
+
+/// A client for plain-HTTP peers (the gateway replicas' peer port, the
+/// instance metadata service). It trusts no CA at all: it needs no system
+/// certificate store (hangar's images are built from scratch and have
+/// none, where reqwest's default would fail to build) and can reach no
+/// HTTPS endpoint by mistake.
+pub fn plain_http_client(timeout: Duration) -> Result<reqwest::Client, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let no_roots = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    reqwest::Client::builder().tls_backend_preconfigured(no_roots).timeout(timeout).build().map_err(TlsError::Client)
 }
 
 fn pem(p: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError + '_ {

@@ -22,6 +22,8 @@ pub enum KeyFetchError {
     Ca { path: String, reason: String },
     #[error("instance metadata: {0}")]
     Imds(#[source] reqwest::Error),
+    #[error("the instance metadata client: {0}")]
+    ImdsClient(#[from] hangar_runtime::https::TlsError),
     #[error("key service: {0}")]
     Service(#[source] reqwest::Error),
     #[error("the key service refused the key (HTTP {0})")]
@@ -60,10 +62,7 @@ impl KeySource {
         Ok(Self {
             imds: imds.trim_end_matches('/').to_owned(),
             service: service.trim_end_matches('/').to_owned(),
-            imds_client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .map_err(KeyFetchError::Imds)?,
+            imds_client: hangar_runtime::https::plain_http_client(Duration::from_secs(5))?,
             service_client: tls_client(&pem).map_err(ca_err)?,
         })
     }

@@ -95,3 +95,40 @@ A ClusterRole when watchNamespaces is empty, else a Role in each.
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/* Where a component listens on `port`: every address of its Pod, or with
+hostNetwork only the node's own address (status.podIP, in POD_IP), so a
+Pod in the node's network does not listen on every node interface.
+hangar.listen (dict "root" . "port" 8443) */}}
+{{- define "hangar.listen" -}}
+{{- if .root.Values.hostNetwork -}}
+$(POD_IP):{{ .port }}
+{{- else -}}
+0.0.0.0:{{ .port }}
+{{- end -}}
+{{- end -}}
+
+{{/* The Pod-level settings for hostNetwork (see values.yaml). */}}
+{{- define "hangar.podNetwork" -}}
+{{- if .Values.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- end -}}
+
+{{/* Environment every API-calling container gets first: POD_IP (for
+hangar.listen) and, when set, where the Kubernetes API is. */}}
+{{- define "hangar.commonEnv" -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef: {fieldPath: status.podIP}
+{{- with .Values.kubernetesService }}
+{{- if .host }}
+# The API server's address when the in-cluster Service's is unroutable.
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .port | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
