@@ -87,6 +87,27 @@ impl RealNode {
             socket: dir.path.join("containerd.sock"),
             dir,
         };
+        // A node's root is a shared mount (systemd makes `/` one): volumes
+        // with mount propagation (the agent's workspace, HostToContainer)
+        // need it. Here `/` is private, so the node's directory becomes a
+        // shared mount of its own, which holds its kubelet and hostPaths.
+        let d = node.dir.path.clone();
+        nix::mount::mount(
+            Some(&d),
+            &d,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| io(format!("bind {}", d.display()))(e.into()))?;
+        nix::mount::mount(
+            None::<&str>,
+            &d,
+            None::<&str>,
+            nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| io(format!("make {} shared", d.display()))(e.into()))?;
         for hierarchy in cgroup_hierarchies() {
             let path = hierarchy.join(&node.cgroup);
             std::fs::create_dir_all(&path).map_err(io(format!("create {}", path.display())))?;

@@ -139,3 +139,95 @@ async fn helm_install_runs_every_component_as_a_ready_pod() {
     assert!(commands.get_opt("orphan").await.unwrap().is_none(), "nothing is created");
     drop(node);
 }
+
+/// The operator's agent Pod on a real kubelet: the init container installs
+/// the supervisor from hangar's supervisor image, and the supervisor is
+/// PID 1 of the agent container (a tenant's image that carries nothing of
+/// hangar's), listening on its socket in the node's socket directory.
+/// The test plays the operator and the worker: the Pod is the operator's
+/// (`agent_pod::build`), its two hostPaths moved under the node's own
+/// directory (this machine hosts several nodes).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
+    use hangar_operator::node::agent_pod;
+    let cp = ControlPlane::start_cluster().expect("cluster");
+    let registry = Registry::start(cp.dir(), None).expect("registry");
+    let spec = NodeSpec { name: "session-node-a".into(), ..Default::default() };
+    let node = RealNode::start(&cp, &registry, &spec).unwrap_or_else(|e| panic!("real node: {e}"));
+    let images = tokio::task::block_in_place(|| hangar_e2e::images::push(&format!("127.0.0.1:{}", registry.port)))
+        .expect("push hangar's images");
+    // A tenant's image: an index with linux/amd64 (this node) and
+    // linux/arm64, one file, no supervisor in it.
+    let tenant_image = hangar_e2e::registry::example_images().remove(0);
+    let agent_image = tokio::task::block_in_place(|| registry.push(&tenant_image));
+
+    let client = cp.client().await.expect("client");
+    let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "tenant-a"}})).unwrap();
+    ns.create(&PostParams::default(), &namespace).await.expect("namespace");
+    let mut sandbox = hangar_e2e::sessions::sandbox("box", "commands", serde_json::json!({}));
+    sandbox.metadata.namespace = Some("tenant-a".into());
+    let mut pod = agent_pod::build(&sandbox, "sess-1", &spec.name, &agent_image, Some(&images["supervisor"]));
+    let host = node.dir().join("host");
+    for v in pod.spec.as_mut().unwrap().volumes.iter_mut().flatten() {
+        if let Some(hp) = v.host_path.as_mut() {
+            hp.path = host.join(hp.path.trim_start_matches('/')).display().to_string();
+        }
+    }
+    let socket = host.join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/')).join("supervisor.sock");
+    let workspace = host.join(agent_pod::HOST_WORKSPACE.trim_start_matches('/'));
+    let pods: Api<Pod> = Api::namespaced(client, "tenant-a");
+    let pod_name = agent_pod::pod_name("box");
+    let created = std::time::Instant::now();
+    pods.create(&PostParams::default(), &pod).await.expect("create the agent Pod");
+
+    // PID 1 of its PID namespace, running the installed copy.
+    let supervisor_pid1 = || {
+        node.pod_processes().into_iter().find(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let in_ns = status.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last());
+            in_ns == Some("1") && cmdline.starts_with(agent_pod::SUPERVISOR.as_bytes())
+        })
+    };
+    let deadline = created + Duration::from_secs(120);
+    while supervisor_pid1().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the supervisor never ran as PID 1: {:?}\n{}",
+            pods.get(&pod_name).await.ok().and_then(|p| p.status),
+            node.container_logs(&pod_name, 20)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let running = created.elapsed();
+    // Nothing runs on the bare mount point: the supervisor waits for the
+    // worker's open workspace.
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_err(), "no socket before the workspace is open");
+
+    // Play the worker: mount the workspace on the node after the container
+    // started and mark it open. The agent sees it only through the
+    // volume's HostToContainer propagation.
+    nix::mount::mount(Some("tmpfs"), &workspace, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=4m"))
+        .expect("mount the workspace");
+    let marker = workspace.join(hangar_supervisor_protocol::WORKSPACE_OPEN_MARKER);
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    let opened = std::time::Instant::now();
+    std::fs::write(&marker, b"").unwrap();
+    let deadline = opened + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the supervisor never listened on {} after the workspace opened\n{}",
+            socket.display(),
+            node.container_logs(&pod_name, 20)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "BENCH agent Pod create → supervisor PID 1 on a real kubelet: {:.2} s; workspace open → supervisor listening: {} ms",
+        running.as_secs_f64(),
+        opened.elapsed().as_millis()
+    );
+    drop(node);
+}
