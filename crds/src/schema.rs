@@ -242,6 +242,19 @@ pub(crate) fn sandbox(e: &mut SchemaEditor) {
             SandboxRequestInvalid,
             "destination must be an absolute path without ..",
         )
+        // hangar's own mounts in the agent container (the workspace, the
+        // supervisor's socket directory, which images often reach through
+        // /var/run -> /run, and the installed supervisor): an attachment at,
+        // inside or above one would hide it. Plain paths only, so no
+        // spelling ("/var/", "/./hangar") slips past the comparison.
+        .rule(
+            "spec.attachments[].destination",
+            "self != '/' && !self.endsWith('/') && !self.contains('//') && !self.contains('/./') \
+             && ['/workspace', '/var/run/hangar', '/run/hangar', '/hangar'].all(r, \
+             self != r && !self.startsWith(r + '/') && !r.startsWith(self + '/'))",
+            SandboxRequestInvalid,
+            "destination must not be, be inside or contain hangar's mounts (/workspace, /var/run/hangar, /run/hangar, /hangar)",
+        )
         .rule(
             "spec.attachments",
             "self.all(a, self.exists_one(b, b.destination == a.destination))",

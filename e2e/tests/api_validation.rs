@@ -174,6 +174,77 @@ fn rows() -> Vec<Row> {
             sandbox("s-attach", json!({"attachments": [{"secretName": "creds", "destination": "etc/creds"}]})),
             INVALID,
         ),
+        create(
+            "an attachment over the workspace",
+            sandbox("s-attach-r0", json!({"attachments": [{"secretName": "creds", "destination": "/workspace"}]})),
+            INVALID,
+        ),
+        create(
+            "an attachment inside the workspace",
+            sandbox(
+                "s-attach-r1",
+                json!({"attachments": [{"secretName": "creds", "destination": "/workspace/creds"}]}),
+            ),
+            INVALID,
+        ),
+        create(
+            "an attachment over the installed supervisor",
+            sandbox("s-attach-r2", json!({"attachments": [{"secretName": "creds", "destination": "/hangar"}]})),
+            INVALID,
+        ),
+        create(
+            "an attachment inside the supervisor's directory",
+            sandbox(
+                "s-attach-r3",
+                json!({"attachments": [{"secretName": "creds", "destination": "/hangar/supervisor"}]}),
+            ),
+            INVALID,
+        ),
+        create(
+            "an attachment above hangar's socket directory",
+            sandbox("s-attach-r4", json!({"attachments": [{"secretName": "creds", "destination": "/var"}]})),
+            INVALID,
+        ),
+        create(
+            "an attachment at the socket directory through /run",
+            sandbox("s-attach-r5", json!({"attachments": [{"secretName": "creds", "destination": "/run/hangar"}]})),
+            INVALID,
+        ),
+        create(
+            "an attachment at the root",
+            sandbox("s-attach-r6", json!({"attachments": [{"secretName": "creds", "destination": "/"}]})),
+            INVALID,
+        ),
+        create(
+            "an attachment spelled with a trailing slash",
+            sandbox("s-attach-r7", json!({"attachments": [{"secretName": "creds", "destination": "/var/"}]})),
+            INVALID,
+        ),
+        create(
+            "an attachment spelled with a dot segment",
+            sandbox(
+                "s-attach-r8",
+                json!({"attachments": [{"secretName": "creds", "destination": "/var/./run/hangar"}]}),
+            ),
+            INVALID,
+        ),
+        // Names that only look like hangar's mounts are the tenant's to use
+        // (the first object is accepted; the change is refused as any
+        // change of attachments is).
+        update(
+            "near names of hangar's mounts are accepted, attachments stay immutable",
+            sandbox(
+                "u-attach-near",
+                json!({"attachments": [
+                    {"secretName": "a", "destination": "/workspaces/a"},
+                    {"secretName": "b", "destination": "/hangar-data/b"},
+                    {"secretName": "c", "destination": "/var/run/hangarx"},
+                    {"secretName": "d", "destination": "/run/secrets/d"},
+                ]}),
+            ),
+            sandbox("u-attach-near", json!({"attachments": [{"secretName": "a", "destination": "/workspaces/z"}]})),
+            INVALID,
+        ),
         // Sandbox, on update.
         update("mode is immutable", sandbox("u-mode", json!({})), sandbox("u-mode", json!({"mode": "agent"})), INVALID),
         update(
