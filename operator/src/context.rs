@@ -37,9 +37,9 @@ pub struct Context {
     /// (session, attempt) whose output key is settled (sealed, or an ended
     /// attempt that never made one): no need to look again.
     pub sealed_output_keys: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
-    /// The resourceVersion of each Sandbox's last status this operator
-    /// wrote, until its watch shows it (`behind_own_write`).
-    pub own_writes: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    /// This operator's own status writes not yet seen by its watch, and
+    /// refused ones: whether a cached Sandbox can be acted on.
+    pub own_writes: crate::own_writes::OwnWrites,
     /// The SessionToken controller's cache, once it runs: the command
     /// controller asks it whether a sender's token has ended.
     pub tokens: std::sync::OnceLock<Store<hangar_crds::SessionToken>>,
@@ -75,27 +75,7 @@ impl Context {
 
     /// Records the status this operator just wrote to `key`.
     pub fn wrote(&self, key: &str, resource_version: Option<String>) {
-        let mut w = self.own_writes.lock().unwrap_or_else(|p| p.into_inner());
-        match resource_version {
-            Some(rv) => w.insert(key.to_owned(), (rv, std::time::Instant::now())),
-            None => w.remove(key),
-        };
-    }
-
-    /// Whether the copy of `key` at `resource_version` may predate this
-    /// operator's own last write to it (its watch has not shown that write
-    /// yet). A reconcile from such a copy would repeat side effects its
-    /// status already records (a resume that failed, say), so it waits.
-    /// Until the write is seen, or 2 s (someone else wrote after us and the
-    /// watch skipped ours).
-    pub fn behind_own_write(&self, key: &str, resource_version: Option<&str>) -> bool {
-        let mut w = self.own_writes.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((rv, at)) = w.get(key) else { return false };
-        if Some(rv.as_str()) == resource_version || at.elapsed() > std::time::Duration::from_secs(2) {
-            w.remove(key);
-            return false;
-        }
-        true
+        self.own_writes.wrote(key, resource_version);
     }
 
     pub fn succeeded(&self, key: &str) {

@@ -37,6 +37,7 @@ pub mod numbering_state;
 pub mod orphan_sweep;
 pub mod output_keys;
 pub mod output_retention;
+pub mod own_writes;
 pub mod sandbox_status;
 pub mod settings;
 pub mod templates;

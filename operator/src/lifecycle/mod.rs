@@ -28,6 +28,7 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::own_writes::CacheView;
 use crate::sandbox_status::write_status;
 use actions::Session;
 use hangar_core::session::phase_machine as phase;
@@ -45,10 +46,22 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     let session_id = sandbox.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
     let key = format!("{ns}/{name}");
-    if ctx.behind_own_write(&key, sandbox.metadata.resource_version.as_deref()) {
-        tracing::debug!("the cached Sandbox predates our own last status write; waiting for the watch");
-        return Ok(Requeue::requeue(Duration::from_millis(50)));
-    }
+    let sandbox = match ctx.own_writes.view(&key, sandbox.metadata.resource_version.as_deref()) {
+        CacheView::Current => sandbox,
+        CacheView::Behind => {
+            tracing::debug!("the cached Sandbox predates our own last status write; waiting for the watch");
+            return Ok(Requeue::requeue(Duration::from_millis(50)));
+        }
+        // The cache may still be old: act on the apiserver's copy, so no
+        // side effect is repeated from an old one.
+        CacheView::ReadThrough => match api.get_opt(&name).await? {
+            Some(fresh) => {
+                tracing::debug!("the cache may be old; reconciling the apiserver's copy");
+                Arc::new(fresh)
+            }
+            None => return Ok(Requeue::await_change()),
+        },
+    };
     let current = sandbox.status.clone().unwrap_or_default();
     let terminal = matches!(current.phase, Some(Phase::Ended | Phase::Failed));
     if terminal {
@@ -123,7 +136,8 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             // had not caught up with our own last write): decide again on
             // the newer one. Every action above is idempotent.
             Err(Error::Kube(e)) if hangar_runtime::kube_ext::is_conflict(&e) => {
-                tracing::debug!("status decided from a stale copy; reconciling again");
+                tracing::debug!("status decided from a stale copy; reconciling again on the apiserver's copy");
+                ctx.own_writes.refused(&key);
                 return Ok(Requeue::requeue(Duration::from_millis(100)));
             }
             other => other?,
