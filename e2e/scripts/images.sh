@@ -78,8 +78,12 @@ build() {
   done
 }
 
+# Debian's ca-certificates bundle (system-packages.sh installs it).
+CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+
 push() {
   local registry=$1
+  [[ -s $CA_BUNDLE ]] || { log "$CA_BUNDLE is missing (e2e/scripts/system-packages.sh installs ca-certificates)"; exit 1; }
   local bin crane
   bin=$("$here/build-binaries.sh" crane)
   crane="$bin/crane-$(sed -n 's/^GGCR_VERSION=//p' "$root/e2e/versions.env")"
@@ -97,10 +101,14 @@ push() {
       local built="$CARGO_TARGET_DIR/$target/image/$b"
       [[ -x "$built" ]] || { log "$built is missing: run images.sh build (make test does)"; exit 1; }
       local tree="$work/$image-${platform//\//-}" layer="$work/$image-${platform//\//-}.tar"
-      mkdir -p "$tree/usr/local/bin"
+      mkdir -p "$tree/usr/local/bin" "$tree/etc/ssl/certs"
       cp "$built" "$tree/usr/local/bin/$b"
       chmod 0755 "$tree/usr/local/bin/$b"
-      tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$tree" -cf "$layer" usr
+      # The CA store: the clients that verify public servers (EC2, S3, a
+      # registry) read it where rustls-native-certs looks on Linux; a
+      # scratch image without one makes them fail to build at all.
+      install -m 0644 "$CA_BUNDLE" "$tree/etc/ssl/certs/ca-certificates.crt"
+      tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$tree" -cf "$layer" etc usr
       local ref="$registry/hangar/$image:$tag-${platform//\//-}"
       "$crane" append --insecure --oci-empty-base -f "$layer" -t "$ref" >/dev/null
       # Non-root by default; the worker's DaemonSet asks for root itself.

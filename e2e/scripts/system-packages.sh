@@ -6,7 +6,8 @@
 # an implementation independent of the verifier under test); for hangar's
 # own images (e2e/scripts/images.sh): musl-tools and the arm64 cross gcc
 # with musl's arm64 headers and libc (static binaries for both platforms),
-# and qemu-user-static, which runs the arm64 binaries in the tests; for
+# qemu-user-static, which runs the arm64 binaries in the tests, and
+# ca-certificates (the CA store the images carry); for
 # the real node (e2e/src/real_node.rs): runc (containerd's runtime; it
 # needs cgo, so it is not built here) and iproute2 (the node's bridge).
 set -euo pipefail
@@ -23,6 +24,8 @@ need aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu
 need qemu-aarch64-static qemu-user-static
 [[ -x /usr/sbin/runc ]] || missing+=(runc)
 need ip iproute2
+# The CA store hangar's images carry (e2e/scripts/images.sh).
+[[ -s /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
 # musl's arm64 headers and libc come from the arm64 architecture of Debian.
 arm64_musl=false
 [[ -f /usr/lib/aarch64-linux-musl/musl-gcc.specs ]] || { arm64_musl=true; missing+=(musl-dev:arm64); }

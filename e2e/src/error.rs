@@ -28,6 +28,8 @@ pub enum HarnessError {
     Command { command: String, stderr: String },
     #[error("no free 10.89.<k>.0/24 for a node's bridge")]
     NoNodeNetwork,
+    #[error("EC2: {0}")]
+    Ec2(#[from] Box<aws_sdk_ec2::Error>),
     #[error("CRD {0} did not become Established")]
     CrdNotEstablished(String),
 }

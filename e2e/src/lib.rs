@@ -29,6 +29,7 @@ pub mod real_node;
 pub mod registry;
 pub mod release;
 pub mod scrape;
+pub mod session_nodes;
 pub mod sessions;
 pub mod stack;
 pub mod templates;

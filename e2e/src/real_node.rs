@@ -91,23 +91,7 @@ impl RealNode {
         // with mount propagation (the agent's workspace, HostToContainer)
         // need it. Here `/` is private, so the node's directory becomes a
         // shared mount of its own, which holds its kubelet and hostPaths.
-        let d = node.dir.path.clone();
-        nix::mount::mount(
-            Some(&d),
-            &d,
-            None::<&str>,
-            nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(|e| io(format!("bind {}", d.display()))(e.into()))?;
-        nix::mount::mount(
-            None::<&str>,
-            &d,
-            None::<&str>,
-            nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(|e| io(format!("make {} shared", d.display()))(e.into()))?;
+        make_shared_mount(&node.dir.path)?;
         for hierarchy in cgroup_hierarchies() {
             let path = hierarchy.join(&node.cgroup);
             std::fs::create_dir_all(&path).map_err(io(format!("create {}", path.display())))?;
@@ -343,6 +327,17 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         cgroup_processes(&self.cgroup)
     }
 
+    /// A Pod process of this node that is PID 1 of its PID namespace (a
+    /// container's init) and runs `program`.
+    pub fn container_init(&self, program: &str) -> Option<i32> {
+        self.pod_processes().into_iter().find(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let in_ns = status.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last());
+            in_ns == Some("1") && cmdline.starts_with(program.as_bytes())
+        })
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir.path
     }
@@ -375,6 +370,18 @@ impl Drop for RealNode {
         unmount_under(&self.dir.path);
         let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
     }
+}
+
+/// Makes `dir` a shared mount of its own (bound onto itself), so mounts
+/// made under it propagate to the containers that mount it with
+/// HostToContainer or Bidirectional propagation. Undone by
+/// `unmount_under(dir)` and its parent's removal.
+pub fn make_shared_mount(dir: &Path) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .map_err(|e| io(format!("bind {}", dir.display()))(e.into()))?;
+    mount(None::<&str>, dir, None::<&str>, MsFlags::MS_SHARED | MsFlags::MS_REC, None::<&str>)
+        .map_err(|e| io(format!("make {} shared", dir.display()))(e.into()))
 }
 
 /// A bridge of our own with the first free `10.89.<k>.1/24`.
@@ -464,7 +471,7 @@ fn remove_cgroups(cgroup: &str) {
 
 /// Lazily unmounts everything mounted under `dir`, deepest first (the
 /// kubelet's volume tmpfs, containerd's overlays and network namespaces).
-fn unmount_under(dir: &Path) {
+pub fn unmount_under(dir: &Path) {
     let prefix = dir.display().to_string();
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut points: Vec<String> = text

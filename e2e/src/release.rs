@@ -15,7 +15,8 @@ use crate::control_plane::ControlPlane;
 use crate::error::{HarnessError, Result, io};
 use crate::process::free_port;
 use crate::real_node::RealNode;
-use crate::registry::Registry;
+use crate::registry::{REGISTRY_HOST, Registry};
+use crate::session_nodes::RealSessionNodes;
 
 pub const RELEASE: &str = "hangar";
 pub const NAMESPACE: &str = "hangar-system";
@@ -33,10 +34,23 @@ pub struct Installed {
     pub gateway_port: u16,
 }
 
+/// The Secret the operator's workspace key service serves with.
+const KEY_SERVICE_TLS_SECRET: &str = "hangar-workspace-keys-tls";
+
 /// Pushes hangar's images to `registry` and installs the chart onto the
 /// cluster's nodes (`node` is where the components land); waits until every
-/// component is Ready.
-pub fn install(cp: &ControlPlane, registry: &Registry, node: &RealNode, ec2_endpoint: &str) -> Result<Installed> {
+/// component is Ready. With `sessions`, sessions can run on its real
+/// session nodes: the operator's key service is configured (its
+/// certificate for the Service's name, which every Pod resolves to `node`
+/// through `hostAliases`: no cluster DNS runs here), and the worker asks
+/// the session nodes' metadata service.
+pub fn install(
+    cp: &ControlPlane,
+    registry: &Registry,
+    node: &RealNode,
+    ec2_endpoint: &str,
+    sessions: Option<&RealSessionNodes>,
+) -> Result<Installed> {
     let host = format!("127.0.0.1:{}", registry.port);
     let images = crate::images::push(&host)?;
     let digest = |image: &str| images[image].rsplit_once('@').map(|(_, d)| d.to_owned()).expect("by digest");
@@ -70,9 +84,27 @@ pub fn install(cp: &ControlPlane, registry: &Registry, node: &RealNode, ec2_endp
         // No policy engine runs on this node.
         "networkPolicy": {"enabled": false},
     });
+    let mut values = values;
+    values["operator"]["registries"] = serde_json::json!({"endpoints": {REGISTRY_HOST: registry.endpoint()}});
+    if let Some(sessions) = sessions {
+        let key_service = format!("{RELEASE}-workspace-keys.{NAMESPACE}.svc");
+        key_service_secret(cp, &key_service, &node.ip.to_string())?;
+        values["hostAliases"] = serde_json::json!([{"ip": node.ip.to_string(), "hostnames": [key_service]}]);
+        values["nodeRoot"] = serde_json::json!(sessions.node_root());
+        values["operator"]["workspaceKeys"] = serde_json::json!({
+            "port": free_port(),
+            "tlsSecret": KEY_SERVICE_TLS_SECRET,
+            "identityCertificate": sessions.authority.cert_pem(),
+        });
+        values["worker"] = serde_json::json!({
+            "ports": {"admin": free_port()},
+            // No EBS device here: the workspace is the node's directory.
+            "workspaceDevice": "",
+            "extraEnv": [{"name": "HANGAR_IMDS_ENDPOINT", "value": sessions.imds.endpoint()}],
+        });
+    }
     let path = cp.dir().join("real-node-values.json");
     std::fs::write(&path, values.to_string()).map_err(io("write values"))?;
-    let _ = node;
     let started = Instant::now();
     let out = cp
         .helm()?
@@ -85,6 +117,36 @@ pub fn install(cp: &ControlPlane, registry: &Registry, node: &RealNode, ec2_endp
     }
     wait_deployments_ready(cp, Duration::from_secs(180))?;
     Ok(Installed { images, values: path, install_to_ready: started.elapsed(), gateway_port })
+}
+
+/// The key service's serving certificate for `name` (and the node's
+/// address), from a CA of its own, as the `kubernetes.io/tls` Secret the
+/// chart mounts (with `ca.crt`, which the workers and the webhook trust).
+fn key_service_secret(cp: &ControlPlane, name: &str, ip: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::PostParams;
+    let ca = crate::pki::LocalCa::new("hangar-workspace-key-ca")?;
+    let serving = ca.serving(name, &[name, ip])?;
+    let kubeconfig = cp.kubeconfig.clone();
+    crate::real_node::block_on(async move {
+        let client = crate::control_plane::client_from(&kubeconfig).await?;
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}})).expect("a Namespace");
+        match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": KEY_SERVICE_TLS_SECRET},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": serving.cert, "tls.key": serving.key, "ca.crt": ca.cert_pem()},
+        }))
+        .expect("a Secret");
+        Api::<Secret>::namespaced(client, NAMESPACE).create(&PostParams::default(), &secret).await?;
+        Ok(())
+    })
 }
 
 /// Polls until every Deployment of the release has all its replicas Ready.

@@ -54,6 +54,9 @@ fn values_schema_refuses_bad_values() {
         ("image.digests.other=sha256:00", "image/digests"),
         ("watchNamespaces[0]=Team_A", "watchNamespaces/0"),
         ("aws.instanceProfile=arn:aws:iam::123:role/not-a-profile", "aws/instanceProfile"),
+        ("nodeRoot=srv/node", "nodeRoot"),
+        ("worker.ports.admin=0", "minimum"),
+        ("hostAliases[0].ip=10.0.0.9", "hostnames"),
     ] {
         let out = helm(&["template", "hangar", &chart(), "--set", set]);
         assert!(!out.status.success(), "--set {set} was accepted");
@@ -195,6 +198,51 @@ fn host_network_binds_the_nodes_address_on_the_given_ports() {
         assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
         assert_eq!(pod["dnsPolicy"].as_str(), Some("ClusterFirstWithHostNet"));
     }
+}
+
+/// The session node's settings: the worker's host paths and the agent
+/// Pod's (the operator's `--node-root`) under one `nodeRoot`, the worker's
+/// probes on its loopback admin port, and `hostAliases` in every Pod.
+#[test]
+fn session_node_values_reach_the_worker_and_the_operator() {
+    let default = render(&[]);
+    let host_paths = |ds: &serde_yaml::Value| -> Vec<String> {
+        let volumes = ds["spec"]["template"]["spec"]["volumes"].as_sequence().unwrap();
+        let paths = volumes.iter().filter_map(|v| v["hostPath"]["path"].as_str()).filter(|p| p.contains("hangar"));
+        paths.map(str::to_owned).collect()
+    };
+    let worker = find(&default, "DaemonSet", "hangar-worker", None).unwrap();
+    assert_eq!(host_paths(worker), ["/var/lib/hangar", "/var/run/hangar"], "a real node's own paths by default");
+    let args = [
+        "--set",
+        "nodeRoot=/srv/node-a",
+        "--set",
+        "worker.ports.admin=19091",
+        "--set-json",
+        r#"hostAliases=[{"ip":"10.0.0.9","hostnames":["hangar-workspace-keys.hangar-system.svc"]}]"#,
+    ];
+    let docs = render(&args);
+    let worker = find(&docs, "DaemonSet", "hangar-worker", None).unwrap();
+    assert_eq!(host_paths(worker), ["/srv/node-a/var/lib/hangar", "/srv/node-a/var/run/hangar"]);
+    let operator = find(&docs, "Deployment", "hangar-operator", None).unwrap();
+    let op_args = operator["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence().unwrap();
+    assert!(op_args.iter().any(|a| a == "--node-root=/srv/node-a"), "the agent Pod's host paths match: {op_args:?}");
+    let c = &worker["spec"]["template"]["spec"]["containers"][0];
+    let env = c["env"].as_sequence().unwrap();
+    let admin = env.iter().find(|e| e["name"] == "HANGAR_WORKER_ADMIN_LISTEN").unwrap();
+    assert_eq!(admin["value"].as_str(), Some("127.0.0.1:19091"), "loopback only");
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["host"].as_str(), Some("127.0.0.1"), "{probe}: the node's loopback");
+        assert_eq!(get["port"].as_u64(), Some(19091), "{probe}");
+        assert_eq!(get["path"].as_str(), Some(path), "{probe}");
+    }
+    assert_eq!(c["securityContext"]["runAsUser"].as_u64(), Some(0), "the worker mounts: root");
+    for d in docs.iter().filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet") {
+        let aliases = &d["spec"]["template"]["spec"]["hostAliases"];
+        assert_eq!(aliases[0]["ip"].as_str(), Some("10.0.0.9"), "{}", d["metadata"]["name"].as_str().unwrap());
+    }
+    assert!(default.iter().all(|d| d["spec"]["template"]["spec"]["hostAliases"].is_null()), "no aliases unless asked");
 }
 
 /// The operator writes certificates and the gateway reads output in the

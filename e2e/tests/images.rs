@@ -68,6 +68,23 @@ fn crane(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("crane {args:?}: {e}: {}", text(&out)))
 }
 
+const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+
+/// The bytes of `path` in the filesystem of `reference` for `platform`.
+fn file_in_image(reference: &str, platform: &str, path: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("fs.tar");
+    let out = Command::new(go_binary("crane").unwrap())
+        .args(["--insecure", "export", "--platform", platform, reference])
+        .arg(&tar)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "crane export {reference}: {}", text(&out));
+    let out = Command::new("tar").arg("-xOf").arg(&tar).arg(path).output().unwrap();
+    assert!(out.status.success(), "{reference} {platform}: no {path}: {}", text(&out));
+    out.stdout
+}
+
 /// Pushes every image to a new registry; image → reference by digest.
 fn push_to_new_registry(dir: &Path) -> (Registry, BTreeMap<String, String>) {
     let registry = Registry::start(dir, None).unwrap();
@@ -115,6 +132,10 @@ async fn images_are_reproducible_multi_platform_indexes_that_pass_our_preflight(
                 "{image}"
             );
             assert_eq!(config["config"]["User"], "65532:65532", "{image} {platform}: not root by default");
+            // The CA store its clients of public servers (EC2, S3, a
+            // registry) load: without one they fail to build at all.
+            let bundle = tokio::task::block_in_place(|| file_in_image(reference, platform, CA_BUNDLE));
+            assert_eq!(bundle, std::fs::read(format!("/{CA_BUNDLE}")).unwrap(), "{image} {platform}: the CA store");
         }
         let arm64 = index["manifests"]
             .as_array()

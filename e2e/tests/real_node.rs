@@ -9,6 +9,7 @@ use hangar_e2e::real_node::{NodeSpec, RealNode};
 use hangar_e2e::registry::Registry;
 use hangar_e2e::release;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 
@@ -84,7 +85,7 @@ async fn helm_install_runs_every_component_as_a_ready_pod() {
     let moto = hangar_e2e::moto::Moto::start(Some(cp.dir())).expect("moto");
     let spec = NodeSpec { name: "hangar-system-0".into(), ..Default::default() };
     let node = RealNode::start(&cp, &registry, &spec).unwrap_or_else(|e| panic!("real node: {e}"));
-    let installed = tokio::task::block_in_place(|| release::install(&cp, &registry, &node, &moto.endpoint()))
+    let installed = tokio::task::block_in_place(|| release::install(&cp, &registry, &node, &moto.endpoint(), None))
         .unwrap_or_else(|e| {
             panic!("helm install: {e}\nkubelet:\n{}\n{}", node.kubelet_log_tail(20), node.container_logs("hangar-", 20))
         });
@@ -145,8 +146,8 @@ async fn helm_install_runs_every_component_as_a_ready_pod() {
 /// PID 1 of the agent container (a tenant's image that carries nothing of
 /// hangar's), listening on its socket in the node's socket directory.
 /// The test plays the operator and the worker: the Pod is the operator's
-/// (`agent_pod::build`), its two hostPaths moved under the node's own
-/// directory (this machine hosts several nodes).
+/// (`agent_pod::build`), its two hostPaths under the node's own directory
+/// (`--node-root`: this machine hosts several nodes).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
     use hangar_operator::node::agent_pod;
@@ -167,13 +168,9 @@ async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
     ns.create(&PostParams::default(), &namespace).await.expect("namespace");
     let mut sandbox = hangar_e2e::sessions::sandbox("box", "commands", serde_json::json!({}));
     sandbox.metadata.namespace = Some("tenant-a".into());
-    let mut pod = agent_pod::build(&sandbox, "sess-1", &spec.name, &agent_image, Some(&images["supervisor"]));
     let host = node.dir().join("host");
-    for v in pod.spec.as_mut().unwrap().volumes.iter_mut().flatten() {
-        if let Some(hp) = v.host_path.as_mut() {
-            hp.path = host.join(hp.path.trim_start_matches('/')).display().to_string();
-        }
-    }
+    let supervisor = Some(images["supervisor"].as_str());
+    let pod = agent_pod::build(&sandbox, "sess-1", &spec.name, &agent_image, supervisor, &host.display().to_string());
     let socket = host.join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/')).join("supervisor.sock");
     let workspace = host.join(agent_pod::HOST_WORKSPACE.trim_start_matches('/'));
     let pods: Api<Pod> = Api::namespaced(client, "tenant-a");
@@ -182,14 +179,7 @@ async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
     pods.create(&PostParams::default(), &pod).await.expect("create the agent Pod");
 
     // PID 1 of its PID namespace, running the installed copy.
-    let supervisor_pid1 = || {
-        node.pod_processes().into_iter().find(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let in_ns = status.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last());
-            in_ns == Some("1") && cmdline.starts_with(agent_pod::SUPERVISOR.as_bytes())
-        })
-    };
+    let supervisor_pid1 = || node.container_init(agent_pod::SUPERVISOR);
     let deadline = created + Duration::from_secs(120);
     while supervisor_pid1().is_none() {
         assert!(
@@ -229,5 +219,102 @@ async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
         running.as_secs_f64(),
         opened.elapsed().as_millis()
     );
+    drop(node);
+}
+
+/// A session on real nodes, every hangar component a Pod installed by
+/// Helm: the session's instance (moto) joins as a second node with its
+/// providerID, and the operator binds it to the session. The worker
+/// DaemonSet's Pod runs there with its own projected token and becomes
+/// Ready by its probe, earns the workspace key with the instance's identity
+/// document, opens the workspace and heartbeats its node's Lease (a write
+/// the node restriction policy checks against the token's node); the
+/// agent Pod runs on the session node, its supervisor PID 1 serving on the
+/// socket the worker shares, and the session is running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_runs_on_a_real_session_node() {
+    use hangar_crds::{Phase, Sandbox};
+    use hangar_e2e::session_nodes::RealSessionNodes;
+    use hangar_operator::node::agent_pod;
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let cp = ControlPlane::start_cluster().expect("cluster");
+    let registry = Registry::start(cp.dir(), None).expect("registry");
+    let moto = hangar_e2e::moto::Moto::start(Some(cp.dir())).expect("moto");
+    let authority =
+        hangar_e2e::imds::IdentityAuthority::generate(&cp.dir().join("pki"), "regional-identity").expect("authority");
+    let mut sessions = RealSessionNodes::new(&moto.endpoint(), authority).await.expect("session nodes");
+    let spec = NodeSpec { name: "hangar-system-0".into(), ..Default::default() };
+    let node = RealNode::start(&cp, &registry, &spec).unwrap_or_else(|e| panic!("real node: {e}"));
+    tokio::task::block_in_place(|| release::install(&cp, &registry, &node, &moto.endpoint(), Some(&sessions)))
+        .unwrap_or_else(|e| panic!("helm install: {e}\n{}", node.container_logs("hangar-", 20)));
+
+    let tenant_image = hangar_e2e::registry::example_images().remove(0);
+    let image = tokio::task::block_in_place(|| registry.push(&tenant_image));
+    let client = cp.client().await.expect("client");
+    let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "tenant-a"}})).unwrap();
+    ns.create(&PostParams::default(), &namespace).await.expect("namespace");
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), "tenant-a");
+    let sandbox = hangar_e2e::sessions::sandbox("box", "commands", serde_json::json!({"image": image}));
+    let created = std::time::Instant::now();
+    let session_id =
+        sandboxes.create(&PostParams::default(), &sandbox).await.expect("create the Sandbox").uid().unwrap();
+
+    // Follow EC2 (the instance boots a node) until the session runs.
+    let deadline = created + Duration::from_secs(300);
+    let instance = loop {
+        sessions.follow(&cp, &registry).await.unwrap_or_else(|e| panic!("session node: {e}"));
+        let s = sandboxes.get("box").await.expect("the Sandbox");
+        let status = s.status.unwrap_or_default();
+        if status.phase == Some(Phase::Running) {
+            break status.instance_id.expect("a running session names its instance");
+        }
+        let worker_logs = |n: &hangar_e2e::real_node::RealNode| n.container_logs("hangar-worker", 20);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session never ran: {status:?}\noperator:\n{}\nworker:\n{}",
+            node.container_logs("hangar-operator", 30),
+            status.instance_id.as_deref().and_then(|i| sessions.node(i)).map(worker_logs).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    println!("BENCH Sandbox create → running on a real session node: {:.1} s", created.elapsed().as_secs_f64());
+    let session_node = sessions.node(&instance).expect("the instance's node");
+
+    // The worker: the DaemonSet's Pod on the session node, Ready, its own
+    // projected token.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), release::NAMESPACE);
+    let workers =
+        pods.list(&kube::api::ListParams::default().labels("app.kubernetes.io/component=worker")).await.unwrap();
+    assert_eq!(workers.items.len(), 1, "one worker: the session node's");
+    let worker = &workers.items[0];
+    let spec = worker.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(instance.as_str()), "the worker runs on the session's node");
+    assert!(
+        worker.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet"),
+        "the DaemonSet's Pod, not one the test made"
+    );
+    assert!(spec.volumes.iter().flatten().any(|v| v.projected.is_some()), "its own projected token");
+    let ready = worker.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|c| c[0].ready);
+    assert!(ready, "the worker is Ready by its probe");
+
+    // Its heartbeat names this session.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), release::NAMESPACE);
+    let lease = leases.get(&hangar_crds::heartbeat::lease_name(&instance)).await.expect("the node's heartbeat Lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get(hangar_crds::heartbeat::SESSION_ID), Some(&session_id), "the heartbeat's session");
+
+    // The agent Pod on the session node, its supervisor PID 1 and serving.
+    let agents: Api<Pod> = Api::namespaced(client.clone(), "tenant-a");
+    let agent = agents.get(&agent_pod::pod_name("box")).await.expect("the agent Pod");
+    assert_eq!(agent.spec.as_ref().unwrap().node_name.as_deref(), Some(instance.as_str()));
+    assert!(
+        session_node.container_init(agent_pod::SUPERVISOR).is_some(),
+        "the supervisor is PID 1 of the agent container"
+    );
+    let socket = sessions.node_root().join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/')).join("supervisor.sock");
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok(), "the supervisor serves the worker's socket");
+    drop(sessions);
     drop(node);
 }

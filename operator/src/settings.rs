@@ -171,6 +171,11 @@ pub struct Settings {
     /// hangar's; unset, the image must carry it at `/hangar/supervisor`.
     #[arg(long, env = "HANGAR_SUPERVISOR_IMAGE")]
     pub supervisor_image: Option<String>,
+    /// The directory on session nodes that holds hangar's node-local paths
+    /// (`/var/lib/hangar/workspace`, `/var/run/hangar` under it): the
+    /// agent Pod's host paths, the same the worker DaemonSet mounts.
+    #[arg(long, env = "HANGAR_NODE_ROOT", default_value = "/")]
+    pub node_root: String,
     #[arg(long = "registry-endpoint", env = "HANGAR_REGISTRY_ENDPOINTS", value_delimiter = ',', value_parser = parse_pair)]
     pub registry_endpoints: Vec<(String, String)>,
     /// A `kubernetes.io/dockerconfigjson` Secret in the operator's namespace

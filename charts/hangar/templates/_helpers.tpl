@@ -114,6 +114,17 @@ $(POD_IP):{{ .port }}
 hostNetwork: true
 dnsPolicy: ClusterFirstWithHostNet
 {{- end }}
+{{- with .Values.hostAliases }}
+hostAliases:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A host path of hangar's on a session node, under nodeRoot.
+hangar.nodePath (dict "root" . "path" "/var/lib/hangar") */}}
+{{- define "hangar.nodePath" -}}
+{{- $root := trimSuffix "/" .root.Values.nodeRoot -}}
+{{- printf "%s%s" $root .path -}}
 {{- end -}}
 
 {{/* Environment every API-calling container gets first: POD_IP (for

@@ -80,8 +80,9 @@ pub async fn execute(
             // Refused meanwhile (its key no longer trusted): the launch
             // path decided already; no Pod from an unverified template.
             let Ok(image) = crate::images::agent_image(ctx, s.sandbox).await? else { return Ok(()) };
-            let pod =
-                agent_pod::build(s.sandbox, s.session_id, &node, &image, ctx.settings.supervisor_image.as_deref());
+            let settings = &ctx.settings;
+            let supervisor = settings.supervisor_image.as_deref();
+            let pod = agent_pod::build(s.sandbox, s.session_id, &node, &image, supervisor, &settings.node_root);
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
             match pods.create(&PostParams::default(), &pod).await {
                 Err(e) if !is_already_exists(&e) => Err(e.into()),

@@ -55,8 +55,16 @@ pub fn is_ours(pod: &Pod, session_id: &str) -> bool {
 /// `supervisor_image`: hangar's supervisor image; an init container from it
 /// installs the supervisor into an emptyDir the agent container runs it
 /// from (read-only there, so code in the sandbox cannot replace it). None:
-/// the agent image carries it at `SUPERVISOR`.
-pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str, supervisor_image: Option<&str>) -> Pod {
+/// the agent image carries it at `SUPERVISOR`. `node_root`: the directory
+/// on the node the host paths are under (`/` on a real node).
+pub fn build(
+    sandbox: &Sandbox,
+    session_id: &str,
+    node_name: &str,
+    image: &str,
+    supervisor_image: Option<&str>,
+    node_root: &str,
+) -> Pod {
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let spec = &sandbox.spec;
     let mode = match spec.mode {
@@ -148,8 +156,10 @@ pub fn build(sandbox: &Sandbox, session_id: &str, node_name: &str, image: &str, 
             ..Default::default()
         });
     }
-    let host_path =
-        |path: &str| HostPathVolumeSource { path: path.to_owned(), type_: Some("DirectoryOrCreate".into()) };
+    let host_path = |path: &str| HostPathVolumeSource {
+        path: format!("{}{path}", node_root.trim_end_matches('/')),
+        type_: Some("DirectoryOrCreate".into()),
+    };
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(&name)),
@@ -220,7 +230,7 @@ spec:
 "#,
         )
         .unwrap();
-        let pod = build(&sandbox, "sess-1", "ip-10-0-0-1", "r/a@sha256:00", None);
+        let pod = build(&sandbox, "sess-1", "ip-10-0-0-1", "r/a@sha256:00", None, "/");
         let spec = pod.spec.clone().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("ip-10-0-0-1"));
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -236,6 +246,17 @@ spec:
         squatter.metadata.owner_references = None;
         assert!(!is_ours(&squatter, "0c5e-uid"), "a Pod created by someone else under the agent's name");
         assert!(spec.init_containers.is_none(), "no supervisor image: the agent image carries the supervisor");
+        let host_paths = |pod: &Pod| -> Vec<String> {
+            pod.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| v.host_path.clone())
+                .map(|h| h.path)
+                .collect()
+        };
+        assert_eq!(host_paths(&pod), [HOST_WORKSPACE, HOST_SOCKET_DIR]);
+        let rooted = build(&sandbox, "sess-1", "ip-10-0-0-1", "r/a@sha256:00", None, "/nodes/n1/");
+        assert_eq!(host_paths(&rooted), ["/nodes/n1/var/lib/hangar/workspace", "/nodes/n1/var/run/hangar"]);
     }
 
     #[test]
@@ -245,7 +266,7 @@ spec:
              spec: {mode: commands, image: 'r/a@sha256:00', tenant: acme}}",
         )
         .unwrap();
-        let spec = build(&sandbox, "u", "n", "r/a@sha256:00", Some("r/hangar/supervisor@sha256:55")).spec.unwrap();
+        let spec = build(&sandbox, "u", "n", "r/a@sha256:00", Some("r/hangar/supervisor@sha256:55"), "/").spec.unwrap();
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(init.image.as_deref(), Some("r/hangar/supervisor@sha256:55"));
         assert_eq!(init.command.as_ref().unwrap()[1..], ["--install", SUPERVISOR]);
@@ -281,7 +302,7 @@ spec:
 "#,
         )
         .unwrap();
-        let spec = build(&sandbox, "u", "n", "r/a@sha256:00", None).spec.unwrap();
+        let spec = build(&sandbox, "u", "n", "r/a@sha256:00", None, "/").spec.unwrap();
         let mounts = |name: &str| -> Vec<(String, Option<bool>)> {
             let c = spec.containers.iter().find(|c| c.name == name).unwrap();
             c.volume_mounts
