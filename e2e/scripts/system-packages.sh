@@ -9,7 +9,8 @@
 # qemu-user-static, which runs the arm64 binaries in the tests, and
 # ca-certificates (the CA store the images carry); for
 # the real node (e2e/src/real_node.rs): runc (containerd's runtime; it
-# needs cgo, so it is not built here) and iproute2 (the node's bridge).
+# needs cgo, so it is not built here), iproute2 (the node's bridge) and
+# busybox-static (a shell in the tenant image its sessions run).
 set -euo pipefail
 log() { echo "[system-packages] $*" >&2; }
 missing=()
@@ -24,6 +25,8 @@ need aarch64-linux-gnu-gcc gcc-aarch64-linux-gnu
 need qemu-aarch64-static qemu-user-static
 [[ -x /usr/sbin/runc ]] || missing+=(runc)
 need ip iproute2
+# A static shell for the real node's tenant image (e2e/src/registry.rs).
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 # The CA store hangar's images carry (e2e/scripts/images.sh).
 [[ -s /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
 # musl's arm64 headers and libc come from the arm64 architecture of Debian.

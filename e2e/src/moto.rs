@@ -59,13 +59,34 @@ impl Moto {
     }
 }
 
-/// One cheap read of `service` (EC2 DescribeRegions, S3 ListBuckets). moto
-/// routes a request by the service named in its credential scope and does
-/// not check the signature.
-fn service_answers(port: u16, service: &str) -> bool {
-    let auth = format!(
+/// An `Authorization` header for a raw request to `service`: moto routes a
+/// request by the service named in its credential scope and does not
+/// check the signature.
+pub fn auth_header(service: &str) -> String {
+    format!(
         "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
-    );
+    )
+}
+
+/// Creates S3 bucket `bucket` in the moto at `endpoint`
+/// (`http://127.0.0.1:<port>`).
+pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<()> {
+    let port = endpoint.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok());
+    let port = port.ok_or_else(|| crate::error::HarnessError::Command {
+        command: format!("PUT /{bucket}"),
+        stderr: format!("{endpoint} is not a loopback moto"),
+    })?;
+    let (status, body) = http_request(port, "PUT", &format!("/{bucket}"), &[("Authorization", &auth_header("s3"))])
+        .map_err(crate::error::io("create a bucket"))?;
+    if status != 200 {
+        return Err(crate::error::HarnessError::Command { command: format!("PUT /{bucket}"), stderr: body });
+    }
+    Ok(())
+}
+
+/// One cheap read of `service` (EC2 DescribeRegions, S3 ListBuckets).
+fn service_answers(port: u16, service: &str) -> bool {
+    let auth = auth_header(service);
     let path = match service {
         "ec2" => "/?Action=DescribeRegions&Version=2016-11-15",
         _ => "/",

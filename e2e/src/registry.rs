@@ -110,6 +110,14 @@ impl Manifest {
         Self { config: config(os, arch, &[diff_id]), layers: vec![layer] }
     }
 
+    /// The same with each file's mode (`0o755` for a program).
+    pub fn with_modes(os: &str, arch: &str, files: &[(&str, &[u8], u32)]) -> Self {
+        let tar = tar_with_modes(files);
+        let diff_id = sha256(&tar);
+        let layer = Blob::new("application/vnd.oci.image.layer.v1.tar+gzip", gzip(&tar));
+        Self { config: config(os, arch, &[diff_id]), layers: vec![layer] }
+    }
+
     pub fn bytes(&self) -> Vec<u8> {
         let doc = ManifestDoc {
             schema_version: 2,
@@ -211,12 +219,69 @@ pub fn example_images() -> Vec<Image> {
     ]
 }
 
+/// Where Debian's busybox-static installs its static busybox.
+pub const STATIC_BUSYBOX: &str = "/bin/busybox";
+
+/// A tenant's image with a shell for the real node's sessions: Debian's
+/// static busybox as `/bin/sh` (see [`busybox_image`]). `None` without
+/// busybox-static (system-packages.sh installs it).
+pub fn shell_image() -> Option<Image> {
+    busybox_image("examples/shell", &[], &[])
+}
+
+/// The page [`web_companion_image`] serves.
+pub const COMPANION_PAGE: &[u8] = b"served by the companion\n";
+/// Where [`web_companion_image`] listens, in its Pod's network.
+pub const COMPANION_PORT: u16 = 8080;
+
+/// A companion that stays up and can be reached beside the agent: busybox
+/// `httpd` in the foreground serving [`COMPANION_PAGE`] on
+/// [`COMPANION_PORT`] of the Pod's loopback.
+pub fn web_companion_image() -> Option<Image> {
+    let port = COMPANION_PORT.to_string();
+    let entrypoint = ["/bin/busybox", "httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h", "/www"];
+    busybox_image("examples/web", &[("www/index.html", COMPANION_PAGE, 0o644)], &entrypoint)
+}
+
+/// Debian's static busybox (also as `/bin/sh`) and `files`, started by
+/// `entrypoint`, for this machine's architecture, in an index whose arm64
+/// entry (what a session node would run; the real node here is this
+/// machine) holds a marker only, as the examples' do.
+fn busybox_image(repository: &str, files: &[(&str, &[u8], u32)], entrypoint: &[&str]) -> Option<Image> {
+    let busybox = std::fs::read(STATIC_BUSYBOX).ok()?;
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let mut all = vec![("bin/busybox", busybox.as_slice(), 0o755), ("bin/sh", busybox.as_slice(), 0o755)];
+    all.extend_from_slice(files);
+    let mut image = Manifest::with_modes("linux", arch, &all);
+    if !entrypoint.is_empty() {
+        image.config = config_with_entrypoint("linux", arch, &[sha256(&tar_with_modes(&all))], entrypoint);
+    }
+    let mut entries = vec![("linux".to_owned(), arch.to_owned(), image)];
+    if arch != "arm64" {
+        let marker = Manifest::of("linux", "arm64", &[("etc/hangar-image", b"linux/arm64\n")]);
+        entries.push(("linux".to_owned(), "arm64".to_owned(), marker));
+    }
+    Some(Image::Index { repository: repository.into(), entries })
+}
+
 /// An image config of `os/arch` whose rootfs lists `diff_ids`.
 pub fn config(os: &str, arch: &str, diff_ids: &[String]) -> Blob {
+    config_with_entrypoint(os, arch, diff_ids, &[])
+}
+
+/// The same, started by `entrypoint` (none: the runtime's default).
+pub fn config_with_entrypoint(os: &str, arch: &str, diff_ids: &[String], entrypoint: &[&str]) -> Blob {
     let doc = ConfigDoc {
         architecture: arch.into(),
         os: os.into(),
-        config: RunConfig { env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()] },
+        config: RunConfig {
+            env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
+            entrypoint: entrypoint.iter().map(|s| s.to_string()).collect(),
+        },
         rootfs: RootFs { kind: "layers", diff_ids: diff_ids.to_vec() },
     };
     Blob::new("application/vnd.oci.image.config.v1+json", serde_json::to_vec(&doc).expect("config json"))
@@ -270,6 +335,9 @@ struct ConfigDoc {
 struct RunConfig {
     #[serde(rename = "Env")]
     env: Vec<String>,
+    // Absent when empty: the examples' digests stay what they were.
+    #[serde(rename = "Entrypoint", skip_serializing_if = "Vec::is_empty")]
+    entrypoint: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -285,11 +353,17 @@ pub fn sha256(bytes: &[u8]) -> String {
 
 /// A tar archive of `files` with fixed owners and times (reproducible).
 fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let files: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d)| (*p, *d, 0o644)).collect();
+    tar_with_modes(&files)
+}
+
+/// The same with each file's mode.
+fn tar_with_modes(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
+    for (path, data, mode) in files {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
-        h.set_mode(0o644);
+        h.set_mode(*mode);
         h.set_mtime(0);
         h.set_uid(0);
         h.set_gid(0);

@@ -68,12 +68,7 @@ pub fn install(
         "operator": {
             "replicas": 1,
             "ports": {"admin": free_port(), "metrics": free_port()},
-            // moto takes any key; without one the SDK would ask the
-            // instance metadata address.
-            "extraEnv": [
-                {"name": "AWS_ACCESS_KEY_ID", "value": "testing"},
-                {"name": "AWS_SECRET_ACCESS_KEY", "value": "testing"},
-            ],
+            "extraEnv": moto_keys(),
         },
         "webhook": {"replicas": 1, "ports": {"https": free_port(), "admin": free_port(), "metrics": free_port()}},
         "gateway": {
@@ -96,12 +91,19 @@ pub fn install(
             "tlsSecret": KEY_SERVICE_TLS_SECRET,
             "identityCertificate": sessions.authority.cert_pem(),
         });
+        let mut worker_env = moto_keys();
+        worker_env.push(serde_json::json!({"name": "HANGAR_IMDS_ENDPOINT", "value": sessions.imds.endpoint()}));
         values["worker"] = serde_json::json!({
             "ports": {"admin": free_port()},
             // No EBS device here: the workspace is the node's directory.
             "workspaceDevice": "",
-            "extraEnv": [{"name": "HANGAR_IMDS_ENDPOINT", "value": sessions.imds.endpoint()}],
+            "extraEnv": worker_env,
         });
+        // The session node's worker writes output, the gateway reads it:
+        // one store both reach, S3 on moto.
+        crate::moto::create_bucket(ec2_endpoint, OUTPUT_BUCKET)?;
+        values["outputStore"] = serde_json::json!({"url": format!("s3://{OUTPUT_BUCKET}"), "endpoint": ec2_endpoint});
+        values["gateway"]["extraEnv"] = serde_json::json!(moto_keys());
     }
     let path = cp.dir().join("real-node-values.json");
     std::fs::write(&path, values.to_string()).map_err(io("write values"))?;
@@ -117,6 +119,34 @@ pub fn install(
     }
     wait_deployments_ready(cp, Duration::from_secs(180))?;
     Ok(Installed { images, values: path, install_to_ready: started.elapsed(), gateway_port })
+}
+
+/// The output store's bucket in moto when sessions run on real nodes.
+pub const OUTPUT_BUCKET: &str = "hangar-output";
+
+/// moto takes any key; without one the SDKs would ask the instance
+/// metadata address for credentials.
+fn moto_keys() -> Vec<serde_json::Value> {
+    vec![
+        serde_json::json!({"name": "AWS_ACCESS_KEY_ID", "value": "testing"}),
+        serde_json::json!({"name": "AWS_SECRET_ACCESS_KEY", "value": "testing"}),
+    ]
+}
+
+/// The release's output store (S3 on moto at `endpoint`), as the gateway
+/// reads it.
+pub fn output_store(endpoint: &str) -> hangar_output::OutputStore {
+    let s3 = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(OUTPUT_BUCKET)
+        .with_region(crate::ec2::REGION)
+        .with_endpoint(endpoint)
+        .with_allow_http(true)
+        .with_virtual_hosted_style_request(false)
+        .with_access_key_id("testing")
+        .with_secret_access_key("testing")
+        .build()
+        .expect("an S3 store");
+    hangar_output::OutputStore::new(std::sync::Arc::new(s3))
 }
 
 /// The key service's serving certificate for `name` (and the node's

@@ -60,6 +60,10 @@ impl RealSessionNodes {
         self.nodes.get(instance_id)
     }
 
+    pub fn nodes(&self) -> impl Iterator<Item = &RealNode> {
+        self.nodes.values()
+    }
+
     /// One pass over EC2: a node for each running instance that has none
     /// (started here, Ready when this returns), none for the others.
     pub async fn follow(&mut self, cp: &ControlPlane, registry: &Registry) -> Result<()> {
@@ -92,7 +96,12 @@ impl RealSessionNodes {
                 }
             }
         }
-        self.nodes.retain(|id, _| running.contains(id));
+        let gone: Vec<String> = self.nodes.keys().filter(|id| !running.contains(id)).cloned().collect();
+        for id in gone {
+            // Stopping a node waits on its processes: off the runtime.
+            let node = self.nodes.remove(&id);
+            tokio::task::block_in_place(|| drop(node));
+        }
         Ok(())
     }
 }

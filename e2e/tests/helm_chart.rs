@@ -57,6 +57,7 @@ fn values_schema_refuses_bad_values() {
         ("nodeRoot=srv/node", "nodeRoot"),
         ("worker.ports.admin=0", "minimum"),
         ("hostAliases[0].ip=10.0.0.9", "hostnames"),
+        ("outputStore.endpoint=s3.example.com", "outputStore/endpoint"),
     ] {
         let out = helm(&["template", "hangar", &chart(), "--set", set]);
         assert!(!out.status.success(), "--set {set} was accepted");
@@ -265,6 +266,31 @@ fn the_local_output_store_is_a_writable_volume() {
     }
 }
 
+/// An S3-compatible endpoint (a VPC endpoint, MinIO) reaches everyone
+/// who writes or reads the output store, and only with an S3 URL.
+#[test]
+fn the_output_store_endpoint_reaches_its_writers_and_readers() {
+    let endpoint = "https://s3.vpce-0a1b.example";
+    let set =
+        ["--set", "outputStore.url=s3://hangar-output", "--set", "outputStore.endpoint=https://s3.vpce-0a1b.example"];
+    let env_of = |docs: &[serde_yaml::Value], kind: &str, name: &str| -> Option<String> {
+        let c = &find(docs, kind, name, None).unwrap()["spec"]["template"]["spec"]["containers"][0];
+        let env = c["env"].as_sequence().unwrap();
+        env.iter()
+            .find(|e| e["name"] == "HANGAR_OUTPUT_S3_ENDPOINT")
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    let docs = render(&set);
+    assert_eq!(env_of(&docs, "DaemonSet", "hangar-worker").as_deref(), Some(endpoint), "the worker writes output");
+    assert_eq!(env_of(&docs, "Deployment", "hangar-gateway").as_deref(), Some(endpoint), "the gateway reads it");
+    let operator = find(&docs, "Deployment", "hangar-operator", None).unwrap();
+    let args = operator["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence().unwrap();
+    assert!(args.iter().any(|a| a.as_str() == Some(&format!("--output-s3-endpoint={endpoint}"))), "{args:?}");
+    let local = render(&["--set", "outputStore.endpoint=https://s3.vpce-0a1b.example"]);
+    assert_eq!(env_of(&local, "Deployment", "hangar-gateway"), None, "no S3 URL: the local directory, no endpoint");
+}
+
 /// Every component that talks to the apiserver mounts its own token (the
 /// ServiceAccounts mount none by default): without it the webhook, gateway
 /// and worker could not reach the API in a real cluster.
@@ -302,6 +328,8 @@ fn operator_accepts_the_charts_flags_and_environment() {
         "--set",
         "outputStore.url=s3://hangar-output",
         "--set",
+        "outputStore.endpoint=https://s3.vpce-0a1b.example",
+        "--set",
         "watchNamespaces={team-a}",
         "--set",
         "operator.workspaceKeys.tlsSecret=workspace-keys-tls",
@@ -328,6 +356,7 @@ fn operator_accepts_the_charts_flags_and_environment() {
         "ami-0e1f",
         "hangar-session-node",
         "s3://hangar-output",
+        "https://s3.vpce-0a1b.example",
         "team-a",
         "m7g.large",
         "leader_elect: true",

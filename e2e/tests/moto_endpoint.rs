@@ -3,14 +3,8 @@
 //! calls and finds instances by tag (what crash-safe launching relies on).
 
 use hangar_e2e::Moto;
+use hangar_e2e::moto::auth_header as auth;
 use hangar_e2e::process::http_request;
-
-fn auth(service: &str) -> String {
-    // moto routes by the credential scope; it does not check signatures.
-    format!(
-        "AWS4-HMAC-SHA256 Credential=AKIDLOCAL/20261130/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
-    )
-}
 
 fn ec2(moto: &Moto, query: &str) -> String {
     let (status, body) =

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use hangar_crds::Sandbox;
 use hangar_e2e::control_plane::ControlPlane;
 use hangar_e2e::real_node::{NodeSpec, RealNode};
 use hangar_e2e::registry::Registry;
@@ -222,18 +223,23 @@ async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
     drop(node);
 }
 
-/// A session on real nodes, every hangar component a Pod installed by
-/// Helm: the session's instance (moto) joins as a second node with its
+/// A whole session on real nodes, every hangar component a Pod installed
+/// by Helm: the session's instance (moto) joins as a node with its
 /// providerID, and the operator binds it to the session. The worker
 /// DaemonSet's Pod runs there with its own projected token and becomes
 /// Ready by its probe, earns the workspace key with the instance's identity
 /// document, opens the workspace and heartbeats its node's Lease (a write
 /// the node restriction policy checks against the token's node); the
 /// agent Pod runs on the session node, its supervisor PID 1 serving on the
-/// socket the worker shares, and the session is running.
+/// socket the worker shares, a companion container serving beside it.
+/// Commands run in the tenant's image and their
+/// output reaches the store the gateway reads (S3); pause stops the
+/// instance (its node and every Pod process on it end), resume starts the
+/// same instance, and what a command wrote to the workspace before the
+/// pause is there after it; the end stops the session.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_session_runs_on_a_real_session_node() {
-    use hangar_crds::{Phase, Sandbox};
+async fn a_whole_session_runs_on_a_real_session_node() {
+    use hangar_crds::Phase;
     use hangar_e2e::session_nodes::RealSessionNodes;
     use hangar_operator::node::agent_pod;
     use k8s_openapi::api::coordination::v1::Lease;
@@ -249,38 +255,29 @@ async fn a_session_runs_on_a_real_session_node() {
     tokio::task::block_in_place(|| release::install(&cp, &registry, &node, &moto.endpoint(), Some(&sessions)))
         .unwrap_or_else(|e| panic!("helm install: {e}\n{}", node.container_logs("hangar-", 20)));
 
-    let tenant_image = hangar_e2e::registry::example_images().remove(0);
+    let tenant_image = hangar_e2e::registry::shell_image().expect("busybox-static (system-packages.sh installs it)");
     let image = tokio::task::block_in_place(|| registry.push(&tenant_image));
+    let companion = hangar_e2e::registry::web_companion_image().expect("busybox-static");
+    let companion = tokio::task::block_in_place(|| registry.push(&companion));
     let client = cp.client().await.expect("client");
     let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "tenant-a"}})).unwrap();
     ns.create(&PostParams::default(), &namespace).await.expect("namespace");
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), "tenant-a");
-    let sandbox = hangar_e2e::sessions::sandbox("box", "commands", serde_json::json!({"image": image}));
+    let sandbox = hangar_e2e::sessions::sandbox(
+        "box",
+        "commands",
+        serde_json::json!({"image": image, "companions": [{"name": "web", "image": companion}]}),
+    );
     let created = std::time::Instant::now();
     let session_id =
         sandboxes.create(&PostParams::default(), &sandbox).await.expect("create the Sandbox").uid().unwrap();
+    let mut follow = Follow { sessions: &mut sessions, cp: &cp, registry: &registry, system: &node, api: &sandboxes };
 
-    // Follow EC2 (the instance boots a node) until the session runs.
-    let deadline = created + Duration::from_secs(300);
-    let instance = loop {
-        sessions.follow(&cp, &registry).await.unwrap_or_else(|e| panic!("session node: {e}"));
-        let s = sandboxes.get("box").await.expect("the Sandbox");
-        let status = s.status.unwrap_or_default();
-        if status.phase == Some(Phase::Running) {
-            break status.instance_id.expect("a running session names its instance");
-        }
-        let worker_logs = |n: &hangar_e2e::real_node::RealNode| n.container_logs("hangar-worker", 20);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the session never ran: {status:?}\noperator:\n{}\nworker:\n{}",
-            node.container_logs("hangar-operator", 30),
-            status.instance_id.as_deref().and_then(|i| sessions.node(i)).map(worker_logs).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let running = follow.until(Phase::Running).await;
     println!("BENCH Sandbox create → running on a real session node: {:.1} s", created.elapsed().as_secs_f64());
-    let session_node = sessions.node(&instance).expect("the instance's node");
+    let instance = running.status.unwrap().instance_id.expect("a running session names its instance");
+    let session_node = follow.sessions.node(&instance).expect("the instance's node");
 
     // The worker: the DaemonSet's Pod on the session node, Ready, its own
     // projected token.
@@ -313,8 +310,100 @@ async fn a_session_runs_on_a_real_session_node() {
         session_node.container_init(agent_pod::SUPERVISOR).is_some(),
         "the supervisor is PID 1 of the agent container"
     );
-    let socket = sessions.node_root().join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/')).join("supervisor.sock");
+    let socket =
+        follow.sessions.node_root().join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/')).join("supervisor.sock");
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok(), "the supervisor serves the worker's socket");
+
+    // A command in the tenant's image, its output in the shared store; the
+    // companion serves beside it on the Pod's loopback (it may still be
+    // starting: a few tries).
+    let commands: Api<hangar_crds::Command> = Api::namespaced(client.clone(), "tenant-a");
+    let store = release::output_store(&moto.endpoint());
+    let sent = std::time::Instant::now();
+    let script = "echo hello from $(echo the session); echo kept > /workspace/kept";
+    let out = run(&commands, &store, &client, &session_id, "c1", script, &follow).await;
+    println!("BENCH Command create → exited on a real session node: {} ms", sent.elapsed().as_millis());
+    assert_eq!(out, "hello from the session\n");
+    let port = hangar_e2e::registry::COMPANION_PORT;
+    let fetch =
+        format!("for i in $(seq 40); do wget -qO- http://127.0.0.1:{port}/ && exit 0; sleep 0.25; done; exit 1");
+    let page = run(&commands, &store, &client, &session_id, "c-web", &fetch, &follow).await;
+    assert_eq!(page.as_bytes(), hangar_e2e::registry::COMPANION_PAGE, "the companion answers beside the agent");
+
+    // Pause: the instance stops, and its node with it.
+    hangar_e2e::sessions::set_state(&sandboxes, "box", "Paused").await.expect("pause");
+    let paused = follow.until(Phase::Paused).await;
+    assert_eq!(paused.status.unwrap().instance_id.as_deref(), Some(instance.as_str()), "the same instance, kept");
+    assert!(follow.sessions.node(&instance).is_none(), "a stopped instance has no node");
+
+    // Resume on the same instance: the workspace kept what c1 wrote.
+    hangar_e2e::sessions::set_state(&sandboxes, "box", "Running").await.expect("resume");
+    let resumed = follow.until(Phase::Running).await.status.unwrap();
+    assert_eq!(resumed.instance_id.as_deref(), Some(instance.as_str()), "resumed on the same instance");
+    let out =
+        run(&commands, &store, &client, &session_id, "c2", "read line < /workspace/kept; echo $line", &follow).await;
+    assert_eq!(out, "kept\n", "the workspace survived the pause");
+
+    // The end.
+    hangar_e2e::sessions::set_state(&sandboxes, "box", "Ended").await.expect("end");
+    follow.until(Phase::Ended).await;
     drop(sessions);
     drop(node);
+}
+
+/// Follows EC2 (each running instance boots its node, a stopped one loses
+/// it) until the Sandbox reaches a phase.
+struct Follow<'a> {
+    sessions: &'a mut hangar_e2e::session_nodes::RealSessionNodes,
+    cp: &'a ControlPlane,
+    registry: &'a Registry,
+    /// The node that runs hangar's own components (for their logs).
+    system: &'a RealNode,
+    api: &'a Api<Sandbox>,
+}
+
+impl Follow<'_> {
+    async fn until(&mut self, want: hangar_crds::Phase) -> Sandbox {
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        loop {
+            self.sessions.follow(self.cp, self.registry).await.unwrap_or_else(|e| panic!("session node: {e}"));
+            let s = self.api.get("box").await.expect("the Sandbox");
+            if s.status.as_ref().and_then(|st| st.phase) == Some(want) {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "never {want:?}: {:?}\n{}", s.status, self.logs());
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The operator's and the session node's worker's last lines.
+    fn logs(&self) -> String {
+        let workers: String = self.sessions.nodes().map(|n| n.container_logs("hangar-worker", 30)).collect();
+        format!("operator:\n{}\nworker:\n{workers}", self.system.container_logs("hangar-operator", 30))
+    }
+}
+
+/// Runs `sh -c script` as Command `name` until it exits 0; its stdout, read
+/// from the output store under the attempt's key.
+async fn run(
+    commands: &Api<hangar_crds::Command>,
+    store: &hangar_output::OutputStore,
+    client: &kube::Client,
+    session_id: &str,
+    name: &str,
+    script: &str,
+    follow: &Follow<'_>,
+) -> String {
+    use hangar_e2e::commands as cmds;
+    cmds::create(commands, &cmds::sh(name, "box", script)).await;
+    let exited = |c: &hangar_crds::Command| cmds::phase(c) == Some(hangar_crds::CommandPhase::Exited);
+    let describe = |c: Option<&hangar_crds::Command>| format!("{:?}\n{}", c.map(|c| &c.status), follow.logs());
+    let done = hangar_e2e::sessions::wait_object(commands, name, "exited", exited, describe).await;
+    let status = done.status.unwrap();
+    assert_eq!(status.exit_code, Some(0), "{name}");
+    let keys = cmds::output_keys(client, session_id, status.attempt.unwrap()).await;
+    let key = |a: u32| keys.get(&a).map(|k| hangar_output::AttemptKey::from_bytes(k).expect("key"));
+    let number = status.number.unwrap() as u32;
+    let chunks = store.read_after(session_id, number, 0, &key).await.expect("read the output");
+    String::from_utf8_lossy(&cmds::stream(&chunks, hangar_output::Stream::Stdout)).into_owned()
 }
