@@ -11,15 +11,20 @@ CARGO ?= cargo
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
+	@echo "            NODE=real: every component a Pod on a real kubelet, sessions on real nodes"
 	@echo "make test   every test, from nothing"
-	@echo "make crds   regenerate crds/manifests and charts/hangar/crds from the Rust types"
+	@echo "make crds   regenerate the CRD YAML (crds/manifests, both charts) from the Rust types"
 	@echo "make bench  lifecycle and commands benchmarks (release build), print figures"
 
 ## Build what is missing (progress on stderr), then run until Ctrl-C.
-up: deps
+## NODE=real: hangar installed by Helm onto a real kubelet from its own
+## images, sessions on real session nodes (docs/real-node.md); the default
+## is the node simulator.
+NODE ?= sim
+up: deps $(if $(filter real,$(NODE)),real-node images)
 	@echo "[make up] building hangar (cargo, cached in $(CARGO_TARGET_DIR))" >&2
 	$(CARGO) build --workspace --bins
-	$(CARGO_TARGET_DIR)/debug/hangar-up
+	HANGAR_UP_NODE=$(NODE) $(CARGO_TARGET_DIR)/debug/hangar-up
 
 ## Every test, from nothing: the unit tests, the CRD drift test, and the
 ## end-to-end tests against a real apiserver, moto and helm (and hangar's

@@ -1,4 +1,4 @@
-//! The committed CRD YAML (crds/manifests and the Helm chart's copy) must be
+//! The committed CRD YAML (crds/manifests and the Helm charts' copies) must be
 //! exactly what the Rust types generate. Run `make crds` to refresh it.
 
 use std::path::Path;
@@ -7,11 +7,11 @@ use std::path::Path;
 fn committed_crd_yaml_matches_the_rust_types() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut stale = Vec::new();
-    for dir in ["crds/manifests", "charts/hangar/crds"] {
+    for dir in &hangar_crds::manifests::COMMITTED_DIRS {
         for m in hangar_crds::manifests::all().unwrap() {
-            let path = root.join(dir).join(m.file_name);
+            let path = root.join(dir.path).join(m.file_name);
             let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-            if on_disk != m.to_yaml().unwrap() {
+            if on_disk != m.to_yaml_for(dir).unwrap() {
                 stale.push(path.display().to_string());
             }
         }

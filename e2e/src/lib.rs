@@ -26,6 +26,7 @@ pub mod paths;
 pub mod pki;
 pub mod process;
 pub mod real_node;
+pub mod real_stack;
 pub mod registry;
 pub mod release;
 pub mod scrape;

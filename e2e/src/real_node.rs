@@ -330,12 +330,24 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     /// A Pod process of this node that is PID 1 of its PID namespace (a
     /// container's init) and runs `program`.
     pub fn container_init(&self, program: &str) -> Option<i32> {
-        self.pod_processes().into_iter().find(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let in_ns = status.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last());
-            in_ns == Some("1") && cmdline.starts_with(program.as_bytes())
-        })
+        self.container_inits(program).into_iter().next()
+    }
+
+    /// Every such process (one per replica on this node).
+    pub fn container_inits(&self, program: &str) -> Vec<i32> {
+        let mut pids: Vec<i32> = self
+            .pod_processes()
+            .into_iter()
+            .filter(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let in_ns = status.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last());
+                in_ns == Some("1") && cmdline.starts_with(program.as_bytes())
+            })
+            .collect();
+        pids.sort();
+        pids.dedup();
+        pids
     }
 
     pub fn dir(&self) -> &Path {
@@ -412,6 +424,31 @@ fn address_in_use(ip: Ipv4Addr) -> bool {
 
 fn run_ip(args: &[&str]) -> bool {
     Command::new("ip").args(args).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// What a process has used so far, from `/proc`.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessUsage {
+    /// Its peak resident memory (`VmHWM`).
+    pub peak_rss_kib: u64,
+    /// CPU time of its threads alive now, on any core, since each started
+    /// (their `schedstat`: exact, where `stat` counts clock ticks).
+    pub cpu: Duration,
+}
+
+impl ProcessUsage {
+    pub fn of(pid: i32) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let hwm = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+        let peak_rss_kib = hwm.trim().trim_end_matches("kB").trim().parse().ok()?;
+        let mut cpu = Duration::ZERO;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            let on_cpu = schedstat.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            cpu += Duration::from_nanos(on_cpu);
+        }
+        Some(Self { peak_rss_kib, cpu })
+    }
 }
 
 /// Every cgroup v1 hierarchy (one directory per controller set).

@@ -32,10 +32,14 @@ pub struct Installed {
     pub install_to_ready: Duration,
     /// The gateway's HTTPS port on the node's address.
     pub gateway_port: u16,
+    /// With session nodes: the CA file of the gateway's certificate.
+    pub gateway_ca: Option<PathBuf>,
 }
 
 /// The Secret the operator's workspace key service serves with.
 const KEY_SERVICE_TLS_SECRET: &str = "hangar-workspace-keys-tls";
+/// The gateway's, with session nodes.
+const GATEWAY_TLS_SECRET: &str = "hangar-gateway-tls-local";
 
 /// Pushes hangar's images to `registry` and installs the chart onto the
 /// cluster's nodes (`node` is where the components land); waits until every
@@ -56,6 +60,7 @@ pub fn install(
     let digest = |image: &str| images[image].rsplit_once('@').map(|(_, d)| d.to_owned()).expect("by digest");
     let api_port = cp.server.rsplit(':').next().expect("server port").to_owned();
     let gateway_port = free_port();
+    let gateway_ca_file = cp.dir().join("gateway-ca.pem");
     let values = serde_json::json!({
         "image": {
             "repository": format!("{host}/hangar"),
@@ -83,7 +88,14 @@ pub fn install(
     values["operator"]["registries"] = serde_json::json!({"endpoints": {REGISTRY_HOST: registry.endpoint()}});
     if let Some(sessions) = sessions {
         let key_service = format!("{RELEASE}-workspace-keys.{NAMESPACE}.svc");
-        key_service_secret(cp, &key_service, &node.ip.to_string())?;
+        let key_ca = crate::pki::LocalCa::new("hangar-workspace-key-ca")?;
+        tls_secret(cp, KEY_SERVICE_TLS_SECRET, &key_ca, &key_service, &[&node.ip.to_string()])?;
+        // The gateway's certificate from a CA whose file a client (curl,
+        // the CLI) can trust; the chart's own is self-signed.
+        let gateway_ca = crate::pki::LocalCa::new("hangar-gateway-ca")?;
+        let gateway_name = format!("{RELEASE}-gateway.{NAMESPACE}.svc");
+        tls_secret(cp, GATEWAY_TLS_SECRET, &gateway_ca, &gateway_name, &[&node.ip.to_string(), "127.0.0.1"])?;
+        std::fs::write(&gateway_ca_file, gateway_ca.cert_pem()).map_err(io("write the gateway's CA"))?;
         values["hostAliases"] = serde_json::json!([{"ip": node.ip.to_string(), "hostnames": [key_service]}]);
         values["nodeRoot"] = serde_json::json!(sessions.node_root());
         values["operator"]["workspaceKeys"] = serde_json::json!({
@@ -104,8 +116,10 @@ pub fn install(
         crate::moto::create_bucket(ec2_endpoint, OUTPUT_BUCKET)?;
         values["outputStore"] = serde_json::json!({"url": format!("s3://{OUTPUT_BUCKET}"), "endpoint": ec2_endpoint});
         values["gateway"]["extraEnv"] = serde_json::json!(moto_keys());
+        values["gateway"]["tls"] = serde_json::json!({"secretName": GATEWAY_TLS_SECRET});
     }
     let path = cp.dir().join("real-node-values.json");
+    let gateway_ca = sessions.map(|_| gateway_ca_file);
     std::fs::write(&path, values.to_string()).map_err(io("write values"))?;
     let started = Instant::now();
     let out = cp
@@ -118,7 +132,7 @@ pub fn install(
         return Err(HarnessError::Command { command: "helm install".into(), stderr: crate::chart::text(&out) });
     }
     wait_deployments_ready(cp, Duration::from_secs(180))?;
-    Ok(Installed { images, values: path, install_to_ready: started.elapsed(), gateway_port })
+    Ok(Installed { images, values: path, install_to_ready: started.elapsed(), gateway_port, gateway_ca })
 }
 
 /// The output store's bucket in moto when sessions run on real nodes.
@@ -149,14 +163,16 @@ pub fn output_store(endpoint: &str) -> hangar_output::OutputStore {
     hangar_output::OutputStore::new(std::sync::Arc::new(s3))
 }
 
-/// The key service's serving certificate for `name` (and the node's
-/// address), from a CA of its own, as the `kubernetes.io/tls` Secret the
-/// chart mounts (with `ca.crt`, which the workers and the webhook trust).
-fn key_service_secret(cp: &ControlPlane, name: &str, ip: &str) -> Result<()> {
+/// A serving certificate for `name` (and `more` names) from `ca`, as the
+/// `kubernetes.io/tls` Secret `secret` the chart mounts (with `ca.crt`,
+/// which the workers and the webhook trust for the key service).
+fn tls_secret(cp: &ControlPlane, secret: &str, ca: &crate::pki::LocalCa, name: &str, more: &[&str]) -> Result<()> {
     use k8s_openapi::api::core::v1::{Namespace, Secret};
     use kube::api::PostParams;
-    let ca = crate::pki::LocalCa::new("hangar-workspace-key-ca")?;
-    let serving = ca.serving(name, &[name, ip])?;
+    let mut names = vec![name];
+    names.extend_from_slice(more);
+    let serving = ca.serving(name, &names)?;
+    let (secret, ca_pem) = (secret.to_owned(), ca.cert_pem());
     let kubeconfig = cp.kubeconfig.clone();
     crate::real_node::block_on(async move {
         let client = crate::control_plane::client_from(&kubeconfig).await?;
@@ -169,9 +185,9 @@ fn key_service_secret(cp: &ControlPlane, name: &str, ip: &str) -> Result<()> {
             }
         }
         let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": KEY_SERVICE_TLS_SECRET},
+            "metadata": {"name": secret},
             "type": "kubernetes.io/tls",
-            "stringData": {"tls.crt": serving.cert, "tls.key": serving.key, "ca.crt": ca.cert_pem()},
+            "stringData": {"tls.crt": serving.cert, "tls.key": serving.key, "ca.crt": ca_pem},
         }))
         .expect("a Secret");
         Api::<Secret>::namespaced(client, NAMESPACE).create(&PostParams::default(), &secret).await?;

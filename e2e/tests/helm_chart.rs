@@ -1,6 +1,7 @@
-//! The Helm chart: lints clean, its values schema refuses bad values, every
-//! RBAC rule says why it exists, and it installs into a real apiserver
-//! (CRDs Established) granting each component only what it needs.
+//! The Helm charts: lint clean, the values schema refuses bad values, every
+//! RBAC rule says why it exists, the chart installs into a real apiserver
+//! (CRDs Established) granting each component only what it needs, and the
+//! hangar-crds chart upgrades the CRDs keeping every session.
 
 use hangar_e2e::ControlPlane;
 use hangar_e2e::chart::{chart, find, helm, render, text};
@@ -16,9 +17,25 @@ fn grants(role: &serde_yaml::Value, resource: &str) -> bool {
 
 #[test]
 fn lint_is_clean() {
-    let out = helm(&["lint", "--strict", &chart()]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("0 chart(s) failed"), "{}", text(&out));
+    let crds_chart = repo_root().join("charts/hangar-crds").display().to_string();
+    for chart in [chart(), crds_chart] {
+        let out = helm(&["lint", "--strict", &chart]);
+        assert!(out.status.success(), "{chart}: {}", text(&out));
+        assert!(text(&out).contains("0 chart(s) failed"), "{chart}: {}", text(&out));
+    }
+}
+
+/// The two charts are released together: the CRDs a hangar version
+/// expects are the hangar-crds chart of the same version.
+#[test]
+fn the_crds_chart_has_the_hangar_charts_version() {
+    let meta = |chart: &str| -> serde_yaml::Value {
+        serde_yaml::from_str(&std::fs::read_to_string(repo_root().join(chart).join("Chart.yaml")).unwrap()).unwrap()
+    };
+    let (hangar, crds) = (meta("charts/hangar"), meta("charts/hangar-crds"));
+    for key in ["version", "appVersion", "kubeVersion"] {
+        assert_eq!(hangar[key], crds[key], "{key}");
+    }
 }
 
 #[test]
@@ -714,4 +731,158 @@ fn cert_manager_issues_the_webhook_certificate_when_asked() {
     let out = helm(&["template", "hangar", &chart, "--set", "webhook.certificate.source=cert-manager"]);
     assert!(!out.status.success(), "no issuer, no render");
     assert!(text(&out).contains("issuerRef.name is required"), "{}", text(&out));
+}
+
+/// The hangar-crds chart (`helm upgrade` upgrades its CRDs, where the
+/// hangar chart's `crds/` are installed once and never again): from the
+/// previous release's CRDs (today's without `spec.egress` on Sandbox), an
+/// upgrade changes the schema in place and keeps every session, spec and
+/// status, each object the same (uid and resourceVersion); the field the
+/// upgrade adds is then accepted and kept. `helm uninstall` leaves the
+/// CRDs, and with them every session.
+#[test]
+fn a_crd_upgrade_keeps_every_session() {
+    let cp = ControlPlane::start_without_crds().expect("control plane");
+    let new_chart = repo_root().join("charts/hangar-crds");
+    let old = tempfile::tempdir().unwrap();
+    copy_chart(&new_chart, old.path(), |file, body| match file {
+        "Chart.yaml" => body.replace("version: 0.1.0", "version: 0.0.9"),
+        "sandboxes.hangar.dev.yaml" => without_egress(body),
+        _ => body.to_owned(),
+    });
+    let helm = |args: &[&str]| {
+        let out = cp.helm().unwrap().args(args).output().unwrap();
+        assert!(out.status.success(), "helm {args:?}: {}", text(&out));
+    };
+    let kubectl = |args: &[&str], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = cp
+            .kubectl()
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let old_chart = old.path().display().to_string();
+    helm(&["install", "hangar-crds", &old_chart]);
+    let crds = ["sandboxes", "commands", "sessiontokens", "sandboxtemplates"].map(|n| format!("crd/{n}.hangar.dev"));
+    let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+    wait.extend(crds.iter().map(String::as_str));
+    assert!(kubectl(&wait, None).status.success(), "the old CRDs are Established");
+    assert!(kubectl(&["create", "namespace", "team-a"], None).status.success());
+
+    // Sessions of the old release: the example without egress (which the
+    // old CRD does not know: a strict apply of the whole example fails),
+    // one of them with a status, and its Command.
+    let example = std::fs::read_to_string(repo_root().join("examples/sandbox-commands.yaml")).unwrap();
+    let refused = kubectl(&["apply", "-n", "team-a", "-f", "-"], Some(&example));
+    assert!(!refused.status.success(), "the old CRD has no egress: {}", text(&refused));
+    assert!(text(&refused).contains("egress"), "{}", text(&refused));
+    let old_sessions = without_egress(&example);
+    let second = old_sessions.split("\n---\n").next().unwrap().replace("name: dev-box", "name: dev-box-2");
+    for manifest in [old_sessions.as_str(), second.as_str()] {
+        let out = kubectl(&["apply", "-n", "team-a", "-f", "-"], Some(manifest));
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let status =
+        r#"{"status":{"phase":"running","attempt":1,"instanceId":"i-0a1b2c3d4e5f60718","zone":"ap-southeast-2a"}}"#;
+    let out = kubectl(
+        &["patch", "sandbox", "dev-box", "-n", "team-a", "--subresource=status", "--type=merge", "-p", status],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let snapshot = || {
+        let out = kubectl(&["get", "sandboxes,commands", "-n", "team-a", "-o", "json"], None);
+        assert!(out.status.success(), "{}", text(&out));
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut objects: Vec<serde_json::Value> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let m = &o["metadata"];
+                serde_json::json!([o["kind"], m["name"], m["uid"], m["resourceVersion"], o["spec"], o["status"]])
+            })
+            .collect();
+        objects.sort_by_key(|o| o.to_string());
+        objects
+    };
+    let before = snapshot();
+    assert_eq!(before.len(), 3, "two sessions and a command: {before:?}");
+
+    // The upgrade: the schema changes in place, every object stays.
+    helm(&["upgrade", "hangar-crds", &new_chart.display().to_string()]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // The apiserver serves a changed schema shortly after the update.
+        let out = kubectl(&["apply", "-n", "team-a", "--dry-run=server", "-f", "-"], Some(&example));
+        if out.status.success() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "egress never accepted: {}", text(&out));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(snapshot(), before, "every session, spec and status, unchanged by the upgrade");
+    let out = kubectl(&["apply", "-n", "team-a", "-f", "-"], Some(&example));
+    assert!(out.status.success(), "{}", text(&out));
+    let out = kubectl(&["get", "sandbox", "dev-box", "-n", "team-a", "-o", "jsonpath={.spec.egress.allow}"], None);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), r#"["pypi.org","*.pythonhosted.org"]"#, "egress is kept");
+    let out = kubectl(&["get", "sandbox", "dev-box", "-n", "team-a", "-o", "jsonpath={.status.instanceId}"], None);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "i-0a1b2c3d4e5f60718", "the status survives the apply");
+
+    // Uninstall keeps the CRDs, and every session.
+    let kept = snapshot();
+    helm(&["uninstall", "hangar-crds"]);
+    let out = kubectl(
+        &["get", "-o", "name"].iter().copied().chain(crds.iter().map(String::as_str)).collect::<Vec<_>>(),
+        None,
+    );
+    assert!(out.status.success(), "the CRDs outlive the release: {}", text(&out));
+    assert_eq!(snapshot(), kept, "every session outlives the release");
+}
+
+/// Copies the chart at `from` into `to`, each file through `edit(file name,
+/// body)`.
+fn copy_chart(from: &std::path::Path, to: &std::path::Path, edit: impl Fn(&str, &str) -> String) {
+    for entry in walk(from) {
+        let relative = entry.strip_prefix(from).unwrap();
+        let target = to.join(relative);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let body = std::fs::read_to_string(&entry).unwrap();
+        let name = relative.file_name().unwrap().to_str().unwrap();
+        std::fs::write(target, edit(name, &body)).unwrap();
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
+}
+
+/// `yaml` (one or more documents) without any Sandbox `spec.egress`: in a
+/// CRD, the schema's property; in a Sandbox, the field.
+fn without_egress(yaml: &str) -> String {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let mut value = serde_yaml::Value::deserialize(doc).unwrap();
+        if value["kind"].as_str() == Some("CustomResourceDefinition") {
+            for version in value["spec"]["versions"].as_sequence_mut().unwrap() {
+                let spec = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+                assert!(spec.as_mapping_mut().unwrap().remove("egress").is_some(), "the CRD has egress today");
+            }
+        } else if value["kind"].as_str() == Some("Sandbox") {
+            value["spec"].as_mapping_mut().unwrap().remove("egress");
+        }
+        out.push(serde_yaml::to_string(&value).unwrap());
+    }
+    out.join("---\n")
 }

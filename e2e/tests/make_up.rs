@@ -2,6 +2,7 @@
 //! KUBECONFIG line, `kubectl get crd` shows the four hangar CRDs, the
 //! examples apply and their command succeeds, and Ctrl-C (SIGINT) stops
 //! every process it started; a part that dies is reported and stops it.
+//! `make up NODE=real` likewise on real nodes.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -22,13 +23,7 @@ impl Drop for KillOnDrop {
 #[test]
 fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
     let dir = std::env::temp_dir().join(format!("hangar-up-test-{}", std::process::id()));
-    let up = Command::new(env!("CARGO_BIN_EXE_hangar-up"))
-        .env("HANGAR_UP_DIR", &dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start hangar-up");
-    let mut guard = KillOnDrop(up);
+    let mut guard = start_hangar_up(&dir, "sim");
     let up = &mut guard.0;
 
     let mut kubeconfig = None;
@@ -129,18 +124,9 @@ fn make_up_serves_the_examples_and_stops_on_ctrl_c() {
         pids.extend(found);
     }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = up.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "hangar-up did not stop after SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(up, Duration::from_secs(30), "hangar-up did not stop after SIGINT");
     assert!(status.success(), "hangar-up exited with {status}");
-    for pid in pids {
-        assert!(!alive(pid), "child {pid} outlived hangar-up");
-    }
+    assert_all_ended(&pids);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -170,21 +156,38 @@ fn make_up_reports_a_part_that_dies_and_stops() {
     let webhook = children_named(up.id() as i32, "hangar-webhook")[0];
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(webhook), nix::sys::signal::Signal::SIGKILL).unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = up.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "hangar-up kept running without its webhook");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(up, Duration::from_secs(30), "hangar-up kept running without its webhook");
     assert!(!status.success(), "a dead part is a failure");
     let said = said.join().unwrap();
     assert!(said.contains("hangar-webhook exited"), "names the part that died: {said}");
-    for pid in pids {
-        assert!(!alive(pid), "child {pid} outlived hangar-up");
-    }
+    assert_all_ended(&pids);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Polls until `child` exits (it is our own child: no event to wait on
+/// with a deadline), failing with `why` after `limit`.
+/// hangar-up in its own run directory, on the simulator's nodes or real
+/// ones (`make up NODE=…`), its banner on a pipe.
+fn start_hangar_up(dir: &std::path::Path, node: &str) -> KillOnDrop {
+    let up = Command::new(env!("CARGO_BIN_EXE_hangar-up"))
+        .env("HANGAR_UP_DIR", dir)
+        .env("HANGAR_UP_NODE", node)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start hangar-up");
+    KillOnDrop(up)
+}
+
+fn exit_within(child: &mut std::process::Child, limit: Duration, why: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{why}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn children_named(parent: i32, name: &str) -> Vec<i32> {
@@ -205,9 +208,92 @@ fn children_named(parent: i32, name: &str) -> Vec<i32> {
     found
 }
 
+fn assert_all_ended(pids: &[i32]) {
+    for &pid in pids {
+        assert!(!alive(pid), "child {pid} outlived hangar-up");
+    }
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie has exited; only a process still running counts.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.rsplit_once(')').and_then(|(_, t)| t.split_whitespace().next().map(|st| st != "Z")).unwrap_or(false))
         .unwrap_or(false)
+}
+
+/// `make up NODE=real`: hangar's Pods on a real kubelet; the session the
+/// banner shows, pasted as printed, runs on a real session node (kubelet
+/// and containerd), its command exits 0 (it reached the companion); Ctrl-C
+/// stops the nodes and every process.
+#[test]
+fn make_up_on_the_real_node_runs_the_printed_session() {
+    let dir = std::env::temp_dir().join(format!("hangar-up-real-{}", std::process::id()));
+    let mut guard = start_hangar_up(&dir, "real");
+    let up = &mut guard.0;
+
+    let (mut kubeconfig, mut manifest, mut in_manifest) = (None, String::new(), false);
+    for line in BufReader::new(up.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+            kubeconfig = Some(path.to_owned());
+        } else if line.contains("apply -f - <<EOF") {
+            in_manifest = true;
+        } else if line == "EOF" {
+            in_manifest = false;
+        } else if in_manifest {
+            manifest.push_str(&line);
+            manifest.push('\n');
+        }
+        if line.contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    let kubeconfig = kubeconfig.expect("hangar-up printed the KUBECONFIG line");
+    assert!(manifest.contains("kind: Sandbox"), "hangar-up printed a session to apply: {manifest}");
+    let kubectl = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .env("KUBECONFIG", &kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, pods) = kubectl(&["-n", "hangar-system", "get", "pods", "-o", "name"], "");
+    assert!(ok && pods.contains("hangar-operator") && pods.contains("hangar-gateway"), "hangar's Pods: {pods}");
+    assert!(kubectl(&["create", "namespace", "demo"], "").0);
+    let (ok, out) = kubectl(&["-n", "demo", "apply", "-f", "-"], &manifest);
+    assert!(ok, "the printed session applies: {out}");
+
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let jsonpath = "jsonpath={.status.phase} {.status.exitCode}";
+    loop {
+        let (_, out) = kubectl(&["-n", "demo", "get", "sbxcmd", "hello", "-o", jsonpath], "");
+        if out.trim() == "exited 0" {
+            break;
+        }
+        let (_, sbx) = kubectl(&["-n", "demo", "get", "sbx", "box", "-o", "jsonpath={.status}"], "");
+        assert!(Instant::now() < deadline, "the printed command never exited 0: {out}; session: {sbx}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (_, node) = kubectl(&["-n", "demo", "get", "sbx", "box", "-o", "jsonpath={.status.nodeName}"], "");
+    let (ok, nodes) =
+        kubectl(&["get", "node", node.trim(), "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion}"], "");
+    assert!(ok && nodes.starts_with("containerd://"), "a real node (kubelet and containerd) ran it: {nodes}");
+
+    // Ctrl-C: every process hangar-up started ends, the nodes' with them.
+    let names = ["etcd", "kube-apiserver", "kubelet", "containerd", "moto_server", "registry-"];
+    let pids: Vec<i32> = names.iter().flat_map(|name| children_named(up.id() as i32, name)).collect();
+    assert!(children_named(up.id() as i32, "kubelet").len() >= 2, "the system node's kubelet and the session node's");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = exit_within(up, Duration::from_secs(90), "hangar-up did not stop after SIGINT");
+    assert!(status.success(), "hangar-up exited with {status}");
+    assert_all_ended(&pids);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use hangar_crds::Sandbox;
 use hangar_e2e::control_plane::ControlPlane;
-use hangar_e2e::real_node::{NodeSpec, RealNode};
+use hangar_e2e::real_node::{NodeSpec, ProcessUsage, RealNode};
+use hangar_e2e::real_stack::RealStack;
 use hangar_e2e::registry::Registry;
 use hangar_e2e::release;
 use k8s_openapi::api::core::v1::Pod;
@@ -233,33 +234,23 @@ async fn the_agent_pods_supervisor_is_pid_1_on_a_real_kubelet() {
 /// agent Pod runs on the session node, its supervisor PID 1 serving on the
 /// socket the worker shares, a companion container serving beside it.
 /// Commands run in the tenant's image and their
-/// output reaches the store the gateway reads (S3); pause stops the
+/// output reaches the store (S3), read back directly and through the
+/// gateway's Pod; pause stops the
 /// instance (its node and every Pod process on it end), resume starts the
 /// same instance, and what a command wrote to the workspace before the
 /// pause is there after it; the end stops the session.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_whole_session_runs_on_a_real_session_node() {
     use hangar_crds::Phase;
-    use hangar_e2e::session_nodes::RealSessionNodes;
     use hangar_operator::node::agent_pod;
     use k8s_openapi::api::coordination::v1::Lease;
 
     let cp = ControlPlane::start_cluster().expect("cluster");
-    let registry = Registry::start(cp.dir(), None).expect("registry");
-    let moto = hangar_e2e::moto::Moto::start(Some(cp.dir())).expect("moto");
-    let authority =
-        hangar_e2e::imds::IdentityAuthority::generate(&cp.dir().join("pki"), "regional-identity").expect("authority");
-    let mut sessions = RealSessionNodes::new(&moto.endpoint(), authority).await.expect("session nodes");
-    let spec = NodeSpec { name: "hangar-system-0".into(), ..Default::default() };
-    let node = RealNode::start(&cp, &registry, &spec).unwrap_or_else(|e| panic!("real node: {e}"));
-    tokio::task::block_in_place(|| release::install(&cp, &registry, &node, &moto.endpoint(), Some(&sessions)))
-        .unwrap_or_else(|e| panic!("helm install: {e}\n{}", node.container_logs("hangar-", 20)));
-
+    let mut stack = RealStack::start(cp).await.unwrap_or_else(|e| panic!("hangar on a real node: {e}"));
     let tenant_image = hangar_e2e::registry::shell_image().expect("busybox-static (system-packages.sh installs it)");
-    let image = tokio::task::block_in_place(|| registry.push(&tenant_image));
-    let companion = hangar_e2e::registry::web_companion_image().expect("busybox-static");
-    let companion = tokio::task::block_in_place(|| registry.push(&companion));
-    let client = cp.client().await.expect("client");
+    let image = stack.push(&tenant_image);
+    let companion = stack.push(&hangar_e2e::registry::web_companion_image().expect("busybox-static"));
+    let client = stack.cp.client().await.expect("client");
     let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": "tenant-a"}})).unwrap();
     ns.create(&PostParams::default(), &namespace).await.expect("namespace");
@@ -272,12 +263,21 @@ async fn a_whole_session_runs_on_a_real_session_node() {
     let created = std::time::Instant::now();
     let session_id =
         sandboxes.create(&PostParams::default(), &sandbox).await.expect("create the Sandbox").uid().unwrap();
-    let mut follow = Follow { sessions: &mut sessions, cp: &cp, registry: &registry, system: &node, api: &sandboxes };
+    let mut follow = Follow { stack: &mut stack, api: &sandboxes };
 
     let running = follow.until(Phase::Running).await;
     println!("BENCH Sandbox create → running on a real session node: {:.1} s", created.elapsed().as_secs_f64());
+    // What hangar's own Pods use through the session, for the chart's
+    // resources (docs/benchmarks.md).
+    let system_components = ["hangar-operator", "hangar-webhook", "hangar-gateway"];
+    let usage = |n: &RealNode, program: &str| -> Vec<ProcessUsage> {
+        n.container_inits(program).into_iter().filter_map(ProcessUsage::of).collect()
+    };
+    let binary = |b: &str| format!("/usr/local/bin/{b}");
+    let at_start = system_components.map(|b| usage(&follow.stack.node, &binary(b)));
+    let window = std::time::Instant::now();
     let instance = running.status.unwrap().instance_id.expect("a running session names its instance");
-    let session_node = follow.sessions.node(&instance).expect("the instance's node");
+    let session_node = follow.stack.sessions.node(&instance).expect("the instance's node");
 
     // The worker: the DaemonSet's Pod on the session node, Ready, its own
     // projected token.
@@ -293,8 +293,16 @@ async fn a_whole_session_runs_on_a_real_session_node() {
         "the DaemonSet's Pod, not one the test made"
     );
     assert!(spec.volumes.iter().flatten().any(|v| v.projected.is_some()), "its own projected token");
-    let ready = worker.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|c| c[0].ready);
-    assert!(ready, "the worker is Ready by its probe");
+    // Ready by its probe: the kubelet's next probe after the worker's
+    // start, which may come a moment after the session's first heartbeat.
+    let ready = |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.container_statuses.as_ref()).is_some_and(|c| c.iter().all(|c| c.ready))
+    };
+    let worker_name = worker.metadata.name.clone().unwrap();
+    tokio::time::timeout(Duration::from_secs(60), await_condition(pods.clone(), &worker_name, ready))
+        .await
+        .expect("the worker is Ready by its probe within 60 s")
+        .expect("watch the worker");
 
     // Its heartbeat names this session.
     let leases: Api<Lease> = Api::namespaced(client.clone(), release::NAMESPACE);
@@ -310,20 +318,46 @@ async fn a_whole_session_runs_on_a_real_session_node() {
         session_node.container_init(agent_pod::SUPERVISOR).is_some(),
         "the supervisor is PID 1 of the agent container"
     );
-    let socket =
-        follow.sessions.node_root().join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/')).join("supervisor.sock");
+    let socket = follow
+        .stack
+        .sessions
+        .node_root()
+        .join(agent_pod::HOST_SOCKET_DIR.trim_start_matches('/'))
+        .join("supervisor.sock");
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok(), "the supervisor serves the worker's socket");
 
     // A command in the tenant's image, its output in the shared store; the
     // companion serves beside it on the Pod's loopback (it may still be
     // starting: a few tries).
     let commands: Api<hangar_crds::Command> = Api::namespaced(client.clone(), "tenant-a");
-    let store = release::output_store(&moto.endpoint());
+    let store = release::output_store(&follow.stack.moto.endpoint());
     let sent = std::time::Instant::now();
     let script = "echo hello from $(echo the session); echo kept > /workspace/kept";
     let out = run(&commands, &store, &client, &session_id, "c1", script, &follow).await;
     println!("BENCH Command create → exited on a real session node: {} ms", sent.elapsed().as_millis());
     assert_eq!(out, "hello from the session\n");
+    // The same output through the gateway's Pod, as a member reads it.
+    let member = tokio::task::block_in_place(|| {
+        hangar_e2e::gateway::member_token(&follow.stack.cp, "tenant-a", "dev", "get,list")
+    });
+    let ca = std::fs::read_to_string(follow.stack.installed.gateway_ca.as_ref().expect("the gateway's CA")).unwrap();
+    let url = format!(
+        "https://{}:{}/v1/sandboxes/{session_id}/commands/c1/output?after=0",
+        follow.stack.node.ip, follow.stack.installed.gateway_port
+    );
+    let read = hangar_e2e::gateway::https_client_trusting(&ca, None).get(&url).bearer_auth(&member).send().await;
+    let read: serde_json::Value = read.expect("the gateway answers").json().await.expect("JSON");
+    let stdout: Vec<u8> = read["chunks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{read}"))
+        .iter()
+        .filter(|c| c["stream"] == "stdout")
+        .flat_map(|c| {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.decode(c["data"].as_str().unwrap()).unwrap()
+        })
+        .collect();
+    assert_eq!(stdout, b"hello from the session\n", "through the gateway: {read}");
     let port = hangar_e2e::registry::COMPANION_PORT;
     let fetch =
         format!("for i in $(seq 40); do wget -qO- http://127.0.0.1:{port}/ && exit 0; sleep 0.25; done; exit 1");
@@ -334,7 +368,7 @@ async fn a_whole_session_runs_on_a_real_session_node() {
     hangar_e2e::sessions::set_state(&sandboxes, "box", "Paused").await.expect("pause");
     let paused = follow.until(Phase::Paused).await;
     assert_eq!(paused.status.unwrap().instance_id.as_deref(), Some(instance.as_str()), "the same instance, kept");
-    assert!(follow.sessions.node(&instance).is_none(), "a stopped instance has no node");
+    assert!(follow.stack.sessions.node(&instance).is_none(), "a stopped instance has no node");
 
     // Resume on the same instance: the workspace kept what c1 wrote.
     hangar_e2e::sessions::set_state(&sandboxes, "box", "Running").await.expect("resume");
@@ -343,22 +377,40 @@ async fn a_whole_session_runs_on_a_real_session_node() {
     let out =
         run(&commands, &store, &client, &session_id, "c2", "read line < /workspace/kept; echo $line", &follow).await;
     assert_eq!(out, "kept\n", "the workspace survived the pause");
+    let window = window.elapsed();
+    for (b, before) in system_components.iter().zip(&at_start) {
+        let now = usage(&follow.stack.node, &binary(b));
+        assert!(!now.is_empty() && !before.is_empty(), "{b} runs on the system node");
+        let peak = now.iter().map(|u| u.peak_rss_kib).max().unwrap();
+        let cpu = now.iter().map(|u| u.cpu).sum::<Duration>().saturating_sub(before.iter().map(|u| u.cpu).sum());
+        println!(
+            "BENCH {b}: peak RSS {:.1} MiB (largest of {} replicas); CPU {:.0} ms in the session's {:.1} s ({:.3} cores)",
+            peak as f64 / 1024.0,
+            now.len(),
+            cpu.as_secs_f64() * 1e3,
+            window.as_secs_f64(),
+            cpu.as_secs_f64() / window.as_secs_f64()
+        );
+    }
+    let session_node = follow.stack.sessions.node(&instance).expect("the resumed instance's node");
+    for (b, program) in
+        [("hangar-worker", binary("hangar-worker")), ("hangar-supervisor", agent_pod::SUPERVISOR.into())]
+    {
+        let now = usage(session_node, &program);
+        assert!(!now.is_empty(), "{b} runs on the session node");
+        let peak = now.iter().map(|u| u.peak_rss_kib).max().unwrap();
+        println!("BENCH {b}: peak RSS {:.1} MiB since the resume", peak as f64 / 1024.0);
+    }
 
     // The end.
     hangar_e2e::sessions::set_state(&sandboxes, "box", "Ended").await.expect("end");
     follow.until(Phase::Ended).await;
-    drop(sessions);
-    drop(node);
 }
 
 /// Follows EC2 (each running instance boots its node, a stopped one loses
 /// it) until the Sandbox reaches a phase.
 struct Follow<'a> {
-    sessions: &'a mut hangar_e2e::session_nodes::RealSessionNodes,
-    cp: &'a ControlPlane,
-    registry: &'a Registry,
-    /// The node that runs hangar's own components (for their logs).
-    system: &'a RealNode,
+    stack: &'a mut RealStack,
     api: &'a Api<Sandbox>,
 }
 
@@ -366,7 +418,7 @@ impl Follow<'_> {
     async fn until(&mut self, want: hangar_crds::Phase) -> Sandbox {
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
         loop {
-            self.sessions.follow(self.cp, self.registry).await.unwrap_or_else(|e| panic!("session node: {e}"));
+            self.stack.follow().await.unwrap_or_else(|e| panic!("session node: {e}"));
             let s = self.api.get("box").await.expect("the Sandbox");
             if s.status.as_ref().and_then(|st| st.phase) == Some(want) {
                 return s;
@@ -378,8 +430,8 @@ impl Follow<'_> {
 
     /// The operator's and the session node's worker's last lines.
     fn logs(&self) -> String {
-        let workers: String = self.sessions.nodes().map(|n| n.container_logs("hangar-worker", 30)).collect();
-        format!("operator:\n{}\nworker:\n{workers}", self.system.container_logs("hangar-operator", 30))
+        let workers: String = self.stack.sessions.nodes().map(|n| n.container_logs("hangar-worker", 30)).collect();
+        format!("operator:\n{}\nworker:\n{workers}", self.stack.node.container_logs("hangar-operator", 30))
     }
 }
 
