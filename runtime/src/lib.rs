@@ -15,12 +15,15 @@
 //! - `retry`: waiting for a dependency that is not answering yet, with
 //!   backoff, instead of exiting
 //! - `leader`: leader election on a Lease (kube-lease-manager)
+//! - `controllers`: a kube-runtime Controller whose watches each back off
+//!   on their own (no controller-wide backoff that errors lengthen)
 //! - `kube_ext`: ignore-not-found / already-exists, and the typed
 //!   compare-and-swap status patch
 //! - `json_document`: a JSON document in a ConfigMap, written by
 //!   compare-and-swap (the session command ledgers)
 
 pub mod admin;
+pub mod controllers;
 pub mod delegated_auth;
 pub mod https;
 pub mod json_document;

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
@@ -38,7 +38,7 @@ pub async fn run(ctx: Arc<Context>) {
         _ => Api::all(ctx.client.clone()),
     };
     let watched = ctx.settings.watch_namespaces.clone();
-    Controller::new(commands, watcher::Config::default().any_semantic())
+    hangar_runtime::controllers::controller(commands, watcher::Config::default().any_semantic())
         .shutdown_on_signal()
         .run(
             move |c, ctx| {

@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use hangar_crds::{Command, Sandbox, heartbeat};
+use hangar_runtime::controllers;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::mpsc;
@@ -57,12 +58,10 @@ pub async fn run(
         })
         .default_backoff()
         .applied_objects();
-    let pods = watcher(
+    let pods = controllers::watch(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
-    )
-    .default_backoff()
-    .applied_objects();
+    );
     let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
     let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
     let (serves2, serves3, serves4) = (serves.clone(), serves.clone(), serves.clone());
@@ -71,7 +70,7 @@ pub async fn run(
     // "last watch event → running" figure.
     let (m1, m2, m3) = (ctx.clone(), ctx.clone(), ctx.clone());
 
-    let controller = Controller::new(sandboxes, watcher::Config::default().any_semantic());
+    let controller = controllers::controller(sandboxes, watcher::Config::default().any_semantic());
     // Command admission reads the Sandboxes from the same cache.
     let _ = ctx.sandboxes.set(controller.store());
     controller

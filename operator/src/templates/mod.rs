@@ -13,7 +13,7 @@ use hangar_keys::template_signing::TrustedKeys;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -35,7 +35,7 @@ pub fn verify(keys: &TrustedKeys, spec: &SandboxTemplateSpec) -> std::result::Re
 
 pub async fn run(ctx: Arc<Context>) {
     let api: Api<SandboxTemplate> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default().any_semantic())
+    hangar_runtime::controllers::controller(api, watcher::Config::default().any_semantic())
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

@@ -25,13 +25,14 @@ use futures::StreamExt;
 use hangar_core::tokens;
 use hangar_crds::Sandbox;
 use hangar_crds::session_token::{SessionToken, TokenPhase};
+use hangar_runtime::controllers;
 use hangar_runtime::kube_ext::{ignore_not_found, is_already_exists, try_swap_status};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -59,13 +60,13 @@ pub async fn run(ctx: Arc<Context>) {
         _ => Api::all(ctx.client.clone()),
     };
     let watched = ctx.settings.watch_namespaces.clone();
-    let controller = Controller::new(api, watcher::Config::default().any_semantic());
+    let controller = controllers::controller(api, watcher::Config::default().any_semantic());
     // A session that ends (or goes) changes its tokens' phase: each
     // Sandbox change reconciles the tokens that name it.
     let tokens = controller.store();
     let _ = ctx.tokens.set(tokens.clone());
     controller
-        .watches(sandboxes, watcher::Config::default(), move |sandbox: Sandbox| {
+        .watches_stream(controllers::watch(sandboxes, watcher::Config::default()), move |sandbox: Sandbox| {
             let (ns, name) = (sandbox.namespace(), sandbox.name_any());
             tokens
                 .state()
