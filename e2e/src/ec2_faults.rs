@@ -11,6 +11,12 @@
 //! And it plays what EC2 does to `launchTime` at a start, which moto does
 //! not: after a StartInstances, the instance's launch time is that start's
 //! (the identity document's `pendingTime` of the new boot matches it).
+//!
+//! And EC2's idempotent RunInstances, which moto skips (it stores the
+//! ClientToken and ignores it): a RunInstances with a token already
+//! answered gets that first answer, the same instance, as on EC2. A
+//! launch retried by an operator restarted while its first call was in
+//! flight then finds its instance, as it would in AWS.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +53,9 @@ pub struct Seen {
 type Transitions = Arc<Mutex<HashMap<String, (&'static str, u16, Instant)>>>;
 /// Instance id → the launch time of its latest start (EC2's format).
 type Boots = Arc<Mutex<HashMap<String, String>>>;
+/// RunInstances ClientToken → its first successful answer. Held across a
+/// launch, so a second call with the token waits for the first's answer.
+type ClientTokens = Arc<tokio::sync::Mutex<HashMap<String, Vec<u8>>>>;
 
 pub struct FaultProxy {
     pub port: u16,
@@ -78,6 +87,7 @@ impl FaultProxy {
     pub fn start_with_transitions(upstream_port: u16, delay: Duration) -> Self {
         let transitions: Transitions = Arc::default();
         let boots: Boots = Arc::default();
+        let client_tokens: ClientTokens = Arc::default();
         let port = free_port();
         let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -97,7 +107,7 @@ impl FaultProxy {
                         tokio::select! {
                             accepted = listener.accept() => {
                                 let Ok((sock, _)) = accepted else { continue };
-                                let t = (delay, transitions.clone(), boots.clone(), counter.clone());
+                                let t = (delay, transitions.clone(), boots.clone(), counter.clone(), client_tokens.clone());
                                 tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone(), t));
                             }
                             _ = &mut stopped => return,
@@ -175,7 +185,7 @@ async fn handle(
     upstream: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
-    (delay, transitions, boots, mutations): (Duration, Transitions, Boots, Arc<AtomicU64>),
+    (delay, transitions, boots, mutations, client_tokens): (Duration, Transitions, Boots, Arc<AtomicU64>, ClientTokens),
 ) {
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
@@ -207,6 +217,19 @@ async fn handle(
         let _ = sock.write_all(resp.as_bytes()).await;
         return;
     }
+    let token = (action == "RunInstances")
+        .then(|| text.split('&').find_map(|kv| kv.strip_prefix("ClientToken=")).map(str::to_owned))
+        .flatten();
+    let mut answered = match &token {
+        Some(_) => Some(client_tokens.lock().await),
+        None => None,
+    };
+    if let (Some(t), Some(answers)) = (&token, &answered)
+        && let Some(first) = answers.get(t)
+    {
+        let _ = sock.write_all(first).await;
+        return;
+    }
     // Forward, one request per connection.
     let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)).await else { return };
     let head: String = head
@@ -222,6 +245,12 @@ async fn handle(
     if !action.starts_with("Describe") {
         mutations.fetch_add(1, Ordering::SeqCst);
     }
+    if let (Some(t), Some(answers)) = (token, answered.as_mut())
+        && ok_response(&resp).is_some()
+    {
+        answers.insert(t, resp.clone());
+    }
+    drop(answered);
     resp = launch_times(&action, &text, resp, &boots);
     if !delay.is_zero() {
         resp = in_between_states(&action, &text, resp, delay, &transitions);

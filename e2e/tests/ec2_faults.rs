@@ -175,3 +175,40 @@ async fn a_resume_that_cannot_start_the_instance_stays_paused_until_asked_again(
     assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()), "the same instance");
     assert_eq!(status.attempts.len(), attempts + 2, "one attempt per request: {:?}", status.attempts);
 }
+
+/// The proxy plays EC2's idempotent RunInstances (moto ignores the
+/// ClientToken): the same token twice is one instance, answered twice; a
+/// new token is a new instance. The crash tests lean on it for a launch
+/// whose first call was in flight when the operator was killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_instances_with_a_client_token_it_has_seen_is_answered_with_the_same_instance() {
+    let stack = faulty();
+    let ec2 = ec2_client(&stack.ec2_proxy.endpoint()).await;
+    let launch = |token: &'static str| {
+        let ec2 = ec2.clone();
+        async move {
+            let out = ec2
+                .run_instances()
+                .image_id("ami-0a1b2c3d4e5f60718")
+                .instance_type(aws_sdk_ec2::types::InstanceType::M7gLarge)
+                .min_count(1)
+                .max_count(1)
+                .client_token(token)
+                .send()
+                .await
+                .expect("RunInstances");
+            out.instances()[0].instance_id().expect("an instance id").to_owned()
+        }
+    };
+    let (first, again) = tokio::join!(launch("proxy-token-a"), launch("proxy-token-a"));
+    let later = launch("proxy-token-a").await;
+    let other = launch("proxy-token-b").await;
+    assert_eq!(first, again, "a concurrent retry with the token is the same instance");
+    assert_eq!(first, later, "a later retry with the token is the same instance");
+    assert_ne!(first, other, "a new token launches a new instance");
+    let moto = ec2_client(&format!("http://127.0.0.1:{}", stack.moto.port)).await;
+    let described = moto.describe_instances().instance_ids(&first).instance_ids(&other).send().await.unwrap();
+    let count: usize = described.reservations().iter().map(|r| r.instances().len()).sum();
+    assert_eq!(count, 2, "moto holds two instances, not four");
+    moto.terminate_instances().instance_ids(&first).instance_ids(&other).send().await.unwrap();
+}
