@@ -14,7 +14,7 @@ help:
 	@echo "            NODE=real: every component a Pod on a real kubelet, sessions on real nodes"
 	@echo "make test   every test, from nothing"
 	@echo "make crds   regenerate the CRD YAML (crds/manifests, both charts) from the Rust types"
-	@echo "make bench  lifecycle and commands benchmarks (release build), print figures"
+	@echo "make bench  the benchmarks (bench profile), each figure with its ratio to a baseline; RUNS=3"
 
 ## Build what is missing (progress on stderr), then run until Ctrl-C.
 ## NODE=real: hangar installed by Helm onto a real kubelet from its own
@@ -68,10 +68,15 @@ images: system-packages
 ## steady 200/s), the gateway's auth overhead per request, how fast a
 ## lost worker and a terminated instance are noticed, and the image
 ## preflight (cold and cached), and the workspace key hand-over.
+## Each latency is printed with its ratio to a baseline measured in the
+## same run, over RUNS repetitions (medians), with the machine's load
+## before and after. The `bench` profile (Cargo.toml) builds into
+## target/release.
+RUNS ?= 3
 bench: deps
-	$(CARGO) build --release --workspace --bins
-	$(CARGO_TARGET_DIR)/release/lifecycle-bench $(BENCH_ARGS)
-	$(CARGO_TARGET_DIR)/release/commands-bench
+	$(CARGO) build --profile bench --workspace --bins
+	$(CARGO_TARGET_DIR)/release/lifecycle-bench --runs $(RUNS) $(BENCH_ARGS)
+	$(CARGO_TARGET_DIR)/release/commands-bench --runs $(RUNS)
 	$(CARGO_TARGET_DIR)/release/admission-bench
 	$(CARGO_TARGET_DIR)/release/gateway-auth-bench
 	$(CARGO_TARGET_DIR)/release/interruption-bench

@@ -57,6 +57,20 @@ type Boots = Arc<Mutex<HashMap<String, String>>>;
 /// launch, so a second call with the token waits for the first's answer.
 type ClientTokens = Arc<tokio::sync::Mutex<HashMap<String, Vec<u8>>>>;
 
+/// What every connection's handler shares.
+#[derive(Clone)]
+struct ProxyState {
+    upstream: u16,
+    faults: Arc<Mutex<Vec<Fault>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// How long instances spend in each in-between state (zero: none).
+    delay: Duration,
+    transitions: Transitions,
+    boots: Boots,
+    mutations: Arc<AtomicU64>,
+    client_tokens: ClientTokens,
+}
+
 pub struct FaultProxy {
     pub port: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
@@ -85,16 +99,19 @@ impl FaultProxy {
 
     /// A proxy whose instances spend `delay` in each in-between state.
     pub fn start_with_transitions(upstream_port: u16, delay: Duration) -> Self {
-        let transitions: Transitions = Arc::default();
-        let boots: Boots = Arc::default();
-        let client_tokens: ClientTokens = Arc::default();
         let port = free_port();
-        let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let mutations: Arc<AtomicU64> = Arc::default();
-        let counter = mutations.clone();
+        let state = ProxyState {
+            upstream: upstream_port,
+            faults: Arc::default(),
+            seen: Arc::default(),
+            delay,
+            transitions: Arc::default(),
+            boots: Arc::default(),
+            mutations: Arc::default(),
+            client_tokens: Arc::default(),
+        };
+        let (faults, seen, mutations) = (state.faults.clone(), state.seen.clone(), state.mutations.clone());
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let (f, s) = (faults.clone(), seen.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ec2-fault-proxy".into())
@@ -107,8 +124,7 @@ impl FaultProxy {
                         tokio::select! {
                             accepted = listener.accept() => {
                                 let Ok((sock, _)) = accepted else { continue };
-                                let t = (delay, transitions.clone(), boots.clone(), counter.clone(), client_tokens.clone());
-                                tokio::spawn(handle(sock, upstream_port, f.clone(), s.clone(), t));
+                                tokio::spawn(handle(sock, state.clone()));
                             }
                             _ = &mut stopped => return,
                         }
@@ -180,13 +196,8 @@ pub(crate) async fn read_request(sock: &mut TcpStream) -> std::io::Result<(Strin
     Ok((head, body))
 }
 
-async fn handle(
-    mut sock: TcpStream,
-    upstream: u16,
-    faults: Arc<Mutex<Vec<Fault>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    (delay, transitions, boots, mutations, client_tokens): (Duration, Transitions, Boots, Arc<AtomicU64>, ClientTokens),
-) {
+async fn handle(mut sock: TcpStream, state: ProxyState) {
+    let ProxyState { upstream, faults, seen, delay, transitions, boots, mutations, client_tokens } = state;
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
     let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or_default().to_owned();

@@ -12,7 +12,12 @@
 //! 4. RSS of the worker, the supervisor and the gateway, sampled every
 //!    50 ms while the 1 GiB streams and while it is read back.
 //!
-//! `commands-bench [N]`: N commands for figure 1 (default 100).
+//! Each figure is printed with its ratio to a baseline measured in the
+//! same run: the apiserver PATCH round trip (sampled beside the run), the
+//! gateway's plain output GET, a local disk write and read of 1 GiB; over
+//! `--runs R` (default 3), as medians.
+//!
+//! `commands-bench [N] [--runs R]`: N commands for figure 1 (default 100).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use hangar_crds::{Command, CommandPhase, Phase, Sandbox};
-use hangar_e2e::bench::{now_ns, pct, rss_kib};
+use hangar_e2e::bench::baseline::{Probe, disk_write_read_mbps, us_to_ms};
+use hangar_e2e::bench::load::MachineLoad;
+use hangar_e2e::bench::table::{LatencyTable, ThroughputTable, quantile};
+use hangar_e2e::bench::{now_ns, rss_kib};
 use hangar_e2e::commands::{self as cmds, command, sh, wait_command_phase};
 use hangar_e2e::gateway::member_token;
 use hangar_e2e::sessions::{self, ensure_namespace, wait_phase};
@@ -33,17 +41,22 @@ const NS: &str = "bench";
 
 fn main() {
     hangar_e2e::init_tracing();
-    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100);
+    let n: usize = hangar_e2e::bench::numbers_arg().first().copied().unwrap_or(100);
+    let runs = hangar_e2e::bench::runs_arg(3);
     let cp = ControlPlane::start().expect("control plane");
     let opts = StackOptions { operator_env: hangar_e2e::bench::production_intervals(), ..Default::default() };
     let stack = LocalStack::start(cp, opts).expect("stack");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    rt.block_on(run(&stack, n));
+    rt.block_on(run(&stack, n, runs));
 }
 
-async fn run(stack: &LocalStack, n: usize) {
+async fn run(stack: &LocalStack, n: usize, runs: usize) {
+    let load = MachineLoad::now();
+    load.print("before");
     let client = stack.cp.client().await.unwrap();
     ensure_namespace(&client, NS).await;
+    let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
+    let probe = Probe::start(client.clone(), ec2, NS, Duration::from_millis(200)).await;
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), NS);
     boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
     let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
@@ -51,17 +64,11 @@ async fn run(stack: &LocalStack, n: usize) {
     let node = s.status.as_ref().unwrap().instance_id.clone().unwrap();
     let api: Api<Command> = Api::namespaced(client.clone(), NS);
     let keys = |attempt| cmds::output_keys(&client, &sid, attempt);
-
-    // 1. create → process start.
-    let paced = start_latency(stack, &api, &sid, &keys(1).await, "p", n, Some(Duration::from_millis(100))).await;
-    let mut burst = Vec::new();
-    for b in 0..(n / 16).max(1) {
-        burst.extend(start_latency(stack, &api, &sid, &keys(1).await, &format!("b{b}-"), 16, None).await);
-    }
-
-    // 2 + 4. 1 GiB through the pipeline, memory sampled meanwhile.
     let gw = stack.gateway_client();
     let member = member_token(&stack.cp, NS, "bench", "get,list,create,patch");
+
+    // Memory of the worker, the supervisor and the gateway, sampled all
+    // through the runs.
     let pids = [
         ("worker", stack.sim.pid(&node, "worker").unwrap() as u32),
         ("supervisor", stack.sim.pid(&node, "supervisor").unwrap() as u32),
@@ -80,77 +87,112 @@ async fn run(stack: &LocalStack, n: usize) {
             }
         })
     };
+
+    let mut latencies = LatencyTable::default();
+    let paced_row = latencies.row("Command create → process start, paced 10/s", "apiserver PATCH", "p99 < 300 ms");
+    let burst_row = latencies.row("Command create → process start, bursts of 16", "apiserver PATCH", "");
+    let wake_row = latencies.row("long-poll wake after new bytes", "gateway output GET", "p99 < 100 ms");
+    let mut throughputs = ThroughputTable::default();
+    let stored_row =
+        throughputs.row("1 GiB output, create → exited with all stored", "disk write + fsync", "≥ 100 MB/s");
+    let read_row = throughputs.row("1 GiB output, read back through the gateway", "disk read", "≥ 100 MB/s");
     const GIB: u64 = 1 << 30;
-    let started = Instant::now();
-    cmds::create(&api, &command("gib", "box", &["head", "-c", "1073741824", "/dev/zero"], json!({}))).await;
-    let done = wait_command_phase(stack, &api, "gib", CommandPhase::Exited).await;
-    let stored_s = started.elapsed().as_secs_f64();
-    let stored_bytes = done.status.as_ref().and_then(|s| s.output_bytes).unwrap_or(0) as u64;
-    assert_eq!(stored_bytes, GIB, "every byte stored");
-    let started = Instant::now();
-    let mut next = 0u64;
-    let mut pages = 0;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    while next < GIB {
-        let (st, page) = gw.get(&format!("/v1/sandboxes/{sid}/commands/gib/output?after={next}"), &member).await;
-        assert_eq!(st, 200, "{page}");
-        for c in page["chunks"].as_array().unwrap() {
-            let data = b64.decode(c["data"].as_str().unwrap()).unwrap();
-            assert!(data.iter().all(|b| *b == 0), "the bytes written");
-            assert_eq!(c["offset"].as_u64().unwrap(), next, "continuous");
-            next += data.len() as u64;
+    for run in 0..runs {
+        eprintln!("bench: run {}/{runs}", run + 1);
+        let base_from = probe.snapshot();
+        // 1. create → process start.
+        let key = keys(1).await;
+        let paced =
+            start_latency(stack, &api, &sid, &key, &format!("r{run}-p"), n, Some(Duration::from_millis(100))).await;
+        let mut burst = Vec::new();
+        for b in 0..(n / 16).max(1) {
+            burst.extend(start_latency(stack, &api, &sid, &key, &format!("r{run}-b{b}-"), 16, None).await);
         }
-        pages += 1;
+        let patch = us_to_ms(&probe.snapshot().since(&base_from).apiserver_patch_us);
+        latencies.add(paced_row, &as_f64(&paced), &patch);
+        latencies.add(burst_row, &as_f64(&burst), &patch);
+
+        // 2. 1 GiB through the pipeline, then the disk doing the same.
+        let gib = format!("gib-{run}");
+        let started = Instant::now();
+        cmds::create(&api, &command(&gib, "box", &["head", "-c", "1073741824", "/dev/zero"], json!({}))).await;
+        let done = wait_command_phase(stack, &api, &gib, CommandPhase::Exited).await;
+        let stored_s = started.elapsed().as_secs_f64();
+        let stored_bytes = done.status.as_ref().and_then(|s| s.output_bytes).unwrap_or(0) as u64;
+        assert_eq!(stored_bytes, GIB, "every byte stored");
+        let started = Instant::now();
+        let mut next = 0u64;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        while next < GIB {
+            let (st, page) = gw.get(&format!("/v1/sandboxes/{sid}/commands/{gib}/output?after={next}"), &member).await;
+            assert_eq!(st, 200, "{page}");
+            for c in page["chunks"].as_array().unwrap() {
+                let data = b64.decode(c["data"].as_str().unwrap()).unwrap();
+                assert!(data.iter().all(|b| *b == 0), "the bytes written");
+                assert_eq!(c["offset"].as_u64().unwrap(), next, "continuous");
+                next += data.len() as u64;
+            }
+        }
+        let read_s = started.elapsed().as_secs_f64();
+        let (disk_write, disk_read) = disk_write_read_mbps(GIB);
+        throughputs.add(stored_row, GIB as f64 / 1e6 / stored_s, disk_write);
+        throughputs.add(read_row, GIB as f64 / 1e6 / read_s, disk_read);
+
+        // 3. long-poll wake latency, and the gateway's plain round trip.
+        let wake = wake_latency(&gw, &member, &api, stack, &sid, &format!("ticks-{run}")).await;
+        let get = gateway_round_trips(&gw, &member, &sid, &format!("r{run}-p000")).await;
+        latencies.add(wake_row, &as_f64(&wake), &get);
     }
-    let read_s = started.elapsed().as_secs_f64();
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.await;
-
-    // 3. long-poll wake latency.
-    let wake = wake_latency(&gw, &member, &api, stack, &sid).await;
+    let base_all = probe.finish().await;
 
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!();
-    println!("hangar commands benchmark: one session, local stack, 2 cores, release build");
+    println!("hangar commands benchmark: one session, {runs} runs, local stack, release build");
+    println!(
+        "baseline, sampled every 200 ms beside the whole benchmark: apiserver PATCH p50 {:.1} ms p99 {:.1} ms",
+        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.5),
+        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.99),
+    );
     println!();
-    println!("| figure | p50 | p99 | samples | target |");
-    println!("| --- | --- | --- | --- | --- |");
-    println!(
-        "| Command create → process start, paced 10/s (ms) | {} | {} | {} | p99 < 300 |",
-        pct(paced.clone(), 0.5),
-        pct(paced.clone(), 0.99),
-        paced.len()
-    );
-    println!(
-        "| Command create → process start, bursts of 16 (ms) | {} | {} | {} | |",
-        pct(burst.clone(), 0.5),
-        pct(burst.clone(), 0.99),
-        burst.len()
-    );
-    println!(
-        "| long-poll wake after new bytes (ms) | {} | {} | {} | p99 < 100 |",
-        pct(wake.clone(), 0.5),
-        pct(wake.clone(), 0.99),
-        wake.len()
-    );
+    latencies.print();
+    println!();
+    throughputs.print();
     println!();
     println!("| figure | value | target |");
     println!("| --- | --- | --- |");
-    println!(
-        "| 1 GiB output, create → exited with all stored (MB/s) | {:.0} ({stored_s:.1} s) | ≥ 100 |",
-        GIB as f64 / 1e6 / stored_s
-    );
-    println!(
-        "| 1 GiB output, read back through the gateway (MB/s) | {:.0} ({read_s:.1} s, {pages} pages) | ≥ 100 |",
-        GIB as f64 / 1e6 / read_s
-    );
     for (i, (name, _)) in pids.iter().enumerate() {
-        let target = if *name == "worker" { "< 64" } else { "" };
+        let target = match *name {
+            "worker" => "< 64",
+            "gateway" => "< 128",
+            _ => "",
+        };
         println!(
-            "| {name} peak RSS while streaming and reading (MiB) | {:.1} | {target} |",
+            "| {name} peak RSS over the runs, streaming and reading 1 GiB (MiB) | {:.1} | {target} |",
             mib(peaks[i].load(Ordering::Relaxed))
         );
     }
+    println!();
+    hangar_e2e::bench::load::print_after(&load);
+}
+
+fn as_f64(v: &[u64]) -> Vec<f64> {
+    v.iter().map(|x| *x as f64).collect()
+}
+
+/// 50 authenticated GETs of a finished command's output through the
+/// gateway (ms): the least any output response takes, long-poll or not.
+async fn gateway_round_trips(gw: &hangar_e2e::gateway::GatewayClient, member: &str, sid: &str, cid: &str) -> Vec<f64> {
+    let mut out = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let (st, page) = gw.get(&format!("/v1/sandboxes/{sid}/commands/{cid}/output?after=0"), member).await;
+        out.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(st, 200, "{page}");
+        assert_eq!(page["final"], true, "a finished command's page answers at once");
+    }
+    out
 }
 
 /// Creates `n` `date +%s%N` commands (paced by `every`, or all at once) and
@@ -200,15 +242,16 @@ async fn wake_latency(
     api: &Api<Command>,
     stack: &LocalStack,
     sid: &str,
+    name: &str,
 ) -> Vec<u64> {
     let script = "i=0; while [ $i -lt 100 ]; do date +%s%N; sleep 0.1; i=$((i+1)); done";
-    cmds::create(api, &sh("ticks", "box", script)).await;
-    wait_command_phase(stack, api, "ticks", CommandPhase::Running).await;
+    cmds::create(api, &sh(name, "box", script)).await;
+    wait_command_phase(stack, api, name, CommandPhase::Running).await;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut next = 0u64;
     let mut out = Vec::new();
     loop {
-        let (_, page) = gw.get(&format!("/v1/sandboxes/{sid}/commands/ticks/output?after={next}"), member).await;
+        let (_, page) = gw.get(&format!("/v1/sandboxes/{sid}/commands/{name}/output?after={next}"), member).await;
         let arrived = now_ns();
         let mut first = true;
         for c in page["chunks"].as_array().unwrap() {

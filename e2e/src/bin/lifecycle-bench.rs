@@ -10,15 +10,22 @@
 //! 4 per second) so the latencies are per-session overheads; `--burst` does
 //! each step for all N at once and shows queueing on this 2-core machine.
 //!
-//! Run: `make bench` (release build), or
-//! `cargo run --release -p hangar-e2e --bin lifecycle-bench -- [N] [M] [--burst]`.
+//! Each latency is printed with its ratio to a baseline sampled beside it
+//! in the same run (`hangar_e2e::bench::baseline`), over `--runs R`
+//! repetitions (default 3) on fresh namespaces; the tables give medians.
+//!
+//! Run: `make bench` (bench profile), or
+//! `cargo run --profile bench -p hangar-e2e --bin lifecycle-bench -- [N] [M] [--burst] [--runs R]`.
 
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
 use futures::future::join_all;
 use hangar_crds::{Phase, Sandbox};
-use hangar_e2e::bench::{pct, rss_kib};
+use hangar_e2e::bench::baseline::{Probe, us_to_ms};
+use hangar_e2e::bench::load::MachineLoad;
+use hangar_e2e::bench::rss_kib;
+use hangar_e2e::bench::table::{LatencyTable, median, quantile};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -27,7 +34,8 @@ use hangar_e2e::sessions::{TEST_IMAGE as IMAGE, ensure_namespace};
 
 fn main() {
     hangar_e2e::init_tracing();
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let runs = hangar_e2e::bench::runs_arg(3);
+    let args = hangar_e2e::bench::numbers_arg();
     let n = args.first().copied().unwrap_or(100);
     let m = args.get(1).copied().unwrap_or(1000);
     let burst = std::env::args().any(|a| a == "--burst");
@@ -43,7 +51,7 @@ fn main() {
     )
     .expect("stack");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(run(&stack, n, m, burst));
+    rt.block_on(run(&stack, n, m, burst, runs));
 }
 
 fn counter(metrics: &str, name: &str) -> u64 {
@@ -95,55 +103,92 @@ async fn set_all(api: &Api<Sandbox>, n: usize, state: &str, burst: bool) {
     .await;
 }
 
-async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool) {
+/// The operator's raw samples of `name` taken after the first `from`.
+fn samples_since(all: &serde_json::Value, name: &str, from: usize) -> Vec<f64> {
+    samples(all, name).into_iter().skip(from).map(|v| v as f64).collect()
+}
+
+async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
+    let load = MachineLoad::now();
+    load.print("before");
     let client = stack.cp.client().await.unwrap();
-    for ns in ["bench", "bench-paused"] {
+    for ns in ["bench-baseline", "bench-paused"] {
         ensure_namespace(&client, ns).await;
     }
-    let api: Api<Sandbox> = Api::namespaced(client.clone(), "bench");
+    let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
+    let probe = Probe::start(client.clone(), ec2, "bench-baseline", Duration::from_millis(200)).await;
     let before = stack.operator().metrics();
 
-    eprintln!("bench: creating {n} sessions");
-    let created_at: Vec<(String, i64)> = each(n, burst, |i| {
-        let s: Sandbox = serde_json::from_value(json!({
-            "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
-            "metadata": {"name": format!("bench-{i}")}, "spec": {"mode": "commands", "image": IMAGE},
-        }))
-        .unwrap();
-        let api = api.clone();
-        async move {
-            api.create(&PostParams::default(), &s).await.unwrap();
-            (format!("bench/bench-{i}"), now_ms())
+    let mut latencies = LatencyTable::default();
+    let apply_run = latencies.row("apply → RunInstances", "PATCH + EC2 call", "p99 < 250 ms");
+    let ready_running =
+        latencies.row("node Ready → running, incl. the simulated worker's start", "apiserver PATCH", "");
+    let event_running =
+        latencies.row("last watch event → running (operator overhead)", "apiserver PATCH", "p99 < 250 ms");
+    let closed_stop = latencies.row("worker closed → StopInstances", "apiserver PATCH", "p99 < 250 ms");
+    let mut walls = Vec::new();
+    let mut describes_per_minute = 0;
+    for run in 0..runs {
+        let ns = format!("bench-r{run}");
+        ensure_namespace(&client, &ns).await;
+        let api: Api<Sandbox> = Api::namespaced(client.clone(), &ns);
+        let base_from = probe.snapshot();
+        let raw_from = stack.operator().samples();
+        let from = |name| samples(&raw_from, name).len();
+        let (ready_from, event_from, closed_from) =
+            (from("node_ready_to_running_ms"), from("event_to_running_ms"), from("workspace_closed_to_stop_ms"));
+
+        eprintln!("bench: run {}/{runs}: creating {n} sessions", run + 1);
+        let created_at: Vec<(String, i64)> = each(n, burst, |i| {
+            let s: Sandbox = serde_json::from_value(json!({
+                "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": format!("bench-{i}")}, "spec": {"mode": "commands", "image": IMAGE},
+            }))
+            .unwrap();
+            let (api, ns) = (api.clone(), ns.clone());
+            async move {
+                api.create(&PostParams::default(), &s).await.unwrap();
+                (format!("{ns}/bench-{i}"), now_ms())
+            }
+        })
+        .await;
+        let t_launch = wait_all(&api, n, Phase::Running, "launch").await;
+
+        if run == 0 {
+            eprintln!("bench: {n} running; counting DescribeInstances for 60 s");
+            let d0 = counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            describes_per_minute =
+                counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total") - d0;
         }
-    })
-    .await;
-    let t_launch = wait_all(&api, n, Phase::Running, "launch").await;
 
-    eprintln!("bench: {n} running; counting DescribeInstances for 60 s");
-    let d0 = counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total");
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    let describes_per_minute = counter(&stack.operator().metrics(), "hangar_ec2_describe_instances_calls_total") - d0;
+        eprintln!("bench: run {}/{runs}: pause, resume, end", run + 1);
+        set_all(&api, n, "Paused", burst).await;
+        let t_pause = wait_all(&api, n, Phase::Paused, "pause").await;
+        set_all(&api, n, "Running", burst).await;
+        let t_resume = wait_all(&api, n, Phase::Running, "resume").await;
+        set_all(&api, n, "Ended", burst).await;
+        let t_end = wait_all(&api, n, Phase::Ended, "end").await;
+        walls.push([t_launch, t_pause, t_resume, t_end].map(|d| d.as_secs_f64()));
 
-    eprintln!("bench: pause, resume, end");
-    set_all(&api, n, "Paused", burst).await;
-    let t_pause = wait_all(&api, n, Phase::Paused, "pause").await;
-    set_all(&api, n, "Running", burst).await;
-    let t_resume = wait_all(&api, n, Phase::Running, "resume").await;
-    set_all(&api, n, "Ended", burst).await;
-    let t_end = wait_all(&api, n, Phase::Ended, "end").await;
+        let raw = stack.operator().samples();
+        let base = probe.snapshot().since(&base_from);
+        let patch = us_to_ms(&base.apiserver_patch_us);
+        // Create call returned (apiserver accepted it) → RunInstances called.
+        let applied: Vec<f64> = created_at
+            .iter()
+            .filter_map(|(name, t)| Some((raw["run_instances_at_ms"][name.as_str()].as_i64()? - t).max(0) as f64))
+            .collect();
+        latencies.add(apply_run, &applied, &us_to_ms(&base.patch_then_ec2_us()));
+        latencies.add(ready_running, &samples_since(&raw, "node_ready_to_running_ms", ready_from), &patch);
+        latencies.add(event_running, &samples_since(&raw, "event_to_running_ms", event_from), &patch);
+        latencies.add(closed_stop, &samples_since(&raw, "workspace_closed_to_stop_ms", closed_from), &patch);
+    }
+    let base_all = probe.finish().await;
 
     let after = stack.operator().metrics();
     let mutating =
         counter(&after, "hangar_ec2_mutating_calls_total") - counter(&before, "hangar_ec2_mutating_calls_total");
-    // Create call returned (apiserver accepted it) → RunInstances called.
-    let raw = stack.operator().samples();
-    let apply_run: Vec<u64> = created_at
-        .iter()
-        .filter_map(|(name, t)| Some((raw["run_instances_at_ms"][name.as_str()].as_i64()? - t).max(0) as u64))
-        .collect();
-    let ready_running = samples(&raw, "node_ready_to_running_ms");
-    let prereq_running = samples(&raw, "event_to_running_ms");
-    let closed_stop = samples(&raw, "workspace_closed_to_stop_ms");
 
     eprintln!("bench: {m} paused sessions for the memory figure");
     let rss_before = rss_kib(stack.operator().pid().unwrap());
@@ -165,34 +210,38 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool) {
 
     println!();
     let pacing = if burst { "all at once" } else { "4 per second" };
-    println!("hangar lifecycle benchmark: {n} sessions (commands mode, each step {pacing}), local stack, 2 cores");
-    println!("| figure | p50 | p99 | samples | target |");
-    println!("| --- | --- | --- | --- | --- |");
-    for (name, v, target) in [
-        ("apply → RunInstances (ms)", &apply_run, "p99 < 250"),
-        ("node Ready → running (ms), incl. simulated worker start", &ready_running, ""),
-        ("last watch event → running (ms), operator overhead", &prereq_running, "p99 < 250"),
-        ("worker closed → StopInstances (ms)", &closed_stop, "p99 < 250"),
-    ] {
-        println!("| {name} | {} | {} | {} | {target} |", pct(v.clone(), 0.5), pct(v.clone(), 0.99), v.len());
-    }
+    println!(
+        "hangar lifecycle benchmark: {n} sessions (commands mode, each step {pacing}), {runs} runs, local stack, release build"
+    );
+    println!(
+        "baselines, sampled every 200 ms beside the whole benchmark: apiserver PATCH p50 {:.1} ms p99 {:.1} ms; EC2 call (moto DescribeInstances by tag) p50 {:.1} ms p99 {:.1} ms",
+        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.5),
+        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.99),
+        quantile(&us_to_ms(&base_all.ec2_call_us), 0.5),
+        quantile(&us_to_ms(&base_all.ec2_call_us), 0.99),
+    );
+    println!();
+    latencies.print();
     println!();
     println!("| figure | value | target |");
     println!("| --- | --- | --- |");
-    println!("| EC2 mutating calls per launch→pause→resume→end | {:.2} | ≤ 8 |", mutating as f64 / n as f64);
+    println!("| EC2 mutating calls per launch→pause→resume→end | {:.2} | ≤ 8 |", mutating as f64 / (n * runs) as f64);
     println!("| DescribeInstances calls per minute, {n} live sessions | {describes_per_minute} | independent of N |");
-    println!("| operator RSS, idle after the {n}-session run (MiB) | {:.1} | |", rss_before as f64 / 1024.0);
+    println!("| operator RSS, idle after the runs (MiB) | {:.1} | |", rss_before as f64 / 1024.0);
     println!(
         "| operator RSS with {m} paused sessions (MiB; {reconciled} reconciles, {watched} instances watched, {mutating_paused} EC2 calls made) | {:.1} | |",
         rss_paused as f64 / 1024.0
     );
+    let wall = |k: usize| median(&walls.iter().map(|w| w[k]).collect::<Vec<_>>());
     println!(
-        "| wall time: launch / pause / resume / end of all {n} (s) | {:.1} / {:.1} / {:.1} / {:.1} | |",
-        t_launch.as_secs_f64(),
-        t_pause.as_secs_f64(),
-        t_resume.as_secs_f64(),
-        t_end.as_secs_f64()
+        "| wall time: launch / pause / resume / end of all {n} (s, median of runs) | {:.1} / {:.1} / {:.1} / {:.1} | |",
+        wall(0),
+        wall(1),
+        wall(2),
+        wall(3)
     );
+    println!();
+    hangar_e2e::bench::load::print_after(&load);
 }
 
 fn now_ms() -> i64 {

@@ -1,4 +1,11 @@
-//! What the benchmark binaries share: percentiles and process memory.
+//! What the benchmark binaries share: percentiles, process memory, the
+//! baselines every latency is divided by (`baseline`), the machine's load
+//! (`load`) and the tables that print each figure over several runs with
+//! its ratio (`table`).
+
+pub mod baseline;
+pub mod load;
+pub mod table;
 
 /// The operator's EC2 polling as in production (the tests' stack polls
 /// every 300 ms and sweeps orphans every 2 s, so a test sees EC2 change
@@ -35,6 +42,36 @@ pub fn rss_kib(pid: u32) -> u64 {
                 .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()))?
         })
         .unwrap_or(0)
+}
+
+/// `--runs R` (default `default`): how many times a benchmark repeats its
+/// measured part; the tables print the median over the runs.
+pub fn runs_arg(default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(default)
+}
+
+/// The numeric positional arguments (not `--runs`'s value), in order.
+pub fn numbers_arg() -> Vec<usize> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == "--runs" {
+            i += 2;
+            continue;
+        }
+        if let Ok(v) = args[i].parse() {
+            out.push(v);
+        }
+        i += 1;
+    }
+    out
 }
 
 /// Wall-clock now, in nanoseconds since the epoch.

@@ -1,0 +1,159 @@
+//! Figures over several runs, each run with the baseline measured in it:
+//! printed as the median over the runs of the figure, of its baseline and
+//! of their ratio, and the ratio of every run (how much they agree).
+
+/// The `p` quantile (0.0–1.0) by nearest rank; 0 for no samples.
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut v = v.to_vec();
+    v.sort_unstable_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    quantile(v, 0.5)
+}
+
+struct LatencyRun {
+    n: usize,
+    p50: f64,
+    p99: f64,
+    base_p50: f64,
+    base_p99: f64,
+}
+
+struct LatencyRow {
+    name: String,
+    baseline: String,
+    target: String,
+    runs: Vec<LatencyRun>,
+}
+
+/// Latencies (ms) with their baseline round trips (ms).
+#[derive(Default)]
+pub struct LatencyTable {
+    rows: Vec<LatencyRow>,
+}
+
+/// A row of a table, as returned when it is declared.
+#[derive(Clone, Copy)]
+pub struct Row(usize);
+
+impl LatencyTable {
+    /// Declares a figure: `baseline` names what it is divided by; `target`
+    /// is printed as is.
+    pub fn row(&mut self, name: &str, baseline: &str, target: &str) -> Row {
+        self.rows.push(LatencyRow {
+            name: name.into(),
+            baseline: baseline.into(),
+            target: target.into(),
+            runs: vec![],
+        });
+        Row(self.rows.len() - 1)
+    }
+
+    /// One run's samples of the figure and of its baseline.
+    pub fn add(&mut self, row: Row, samples_ms: &[f64], baseline_ms: &[f64]) {
+        self.rows[row.0].runs.push(LatencyRun {
+            n: samples_ms.len(),
+            p50: quantile(samples_ms, 0.5),
+            p99: quantile(samples_ms, 0.99),
+            base_p50: quantile(baseline_ms, 0.5),
+            base_p99: quantile(baseline_ms, 0.99),
+        });
+    }
+
+    pub fn print(&self) {
+        println!(
+            "| figure | p50 (ms) | p99 (ms) | samples per run | baseline | baseline p50 / p99 (ms) | p50 ÷ baseline p50 | p99 ÷ baseline p99 | p99 ratio per run | target |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        for r in &self.rows {
+            let m = |f: &dyn Fn(&LatencyRun) -> f64| median(&r.runs.iter().map(f).collect::<Vec<_>>());
+            let ratio99 = |x: &LatencyRun| x.p99 / x.base_p99.max(0.001);
+            let per_run: Vec<String> = r.runs.iter().map(|x| format!("{:.1}", ratio99(x))).collect();
+            println!(
+                "| {} | {:.0} | {:.0} | {:.0} | {} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {} |",
+                r.name,
+                m(&|x| x.p50),
+                m(&|x| x.p99),
+                m(&|x| x.n as f64),
+                r.baseline,
+                m(&|x| x.base_p50),
+                m(&|x| x.base_p99),
+                m(&|x| x.p50 / x.base_p50.max(0.001)),
+                m(&ratio99),
+                per_run.join(", "),
+                r.target
+            );
+        }
+    }
+}
+
+struct ThroughputRow {
+    name: String,
+    baseline: String,
+    target: String,
+    runs: Vec<(f64, f64)>,
+}
+
+/// Throughputs (MB/s) with a baseline throughput (MB/s) of the same size.
+#[derive(Default)]
+pub struct ThroughputTable {
+    rows: Vec<ThroughputRow>,
+}
+
+impl ThroughputTable {
+    pub fn row(&mut self, name: &str, baseline: &str, target: &str) -> Row {
+        self.rows.push(ThroughputRow {
+            name: name.into(),
+            baseline: baseline.into(),
+            target: target.into(),
+            runs: vec![],
+        });
+        Row(self.rows.len() - 1)
+    }
+
+    pub fn add(&mut self, row: Row, mbps: f64, baseline_mbps: f64) {
+        self.rows[row.0].runs.push((mbps, baseline_mbps));
+    }
+
+    pub fn print(&self) {
+        println!("| figure | MB/s | baseline | baseline MB/s | ÷ baseline | ratio per run | target |");
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        for r in &self.rows {
+            let ratios: Vec<f64> = r.runs.iter().map(|(v, b)| v / b.max(0.001)).collect();
+            let per_run: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+            println!(
+                "| {} | {:.0} | {} | {:.0} | {:.2} | {} | {} |",
+                r.name,
+                median(&r.runs.iter().map(|x| x.0).collect::<Vec<_>>()),
+                r.baseline,
+                median(&r.runs.iter().map(|x| x.1).collect::<Vec<_>>()),
+                median(&ratios),
+                per_run.join(", "),
+                r.target
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_run_and_its_ratio() {
+        let mut t = LatencyTable::default();
+        let row = t.row("x", "PATCH", "");
+        for k in [1.0, 3.0, 2.0] {
+            let samples: Vec<f64> = (1..=100).map(|v| v as f64 * k).collect();
+            t.add(row, &samples, &[10.0]);
+        }
+        let r = &t.rows[0];
+        assert_eq!(median(&r.runs.iter().map(|x| x.p99).collect::<Vec<_>>()), 198.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+}
