@@ -14,8 +14,11 @@
 #     binaries into OCI images and multi-platform indexes (no Docker engine).
 #   - kubelet (same wrapper as kube-apiserver), containerd with its runc
 #     shim, and the CNI plugins, for a real node (asked for by name only).
+#   - kwok (simulated nodes) and kubernetes-sigs/agent-sandbox's controller,
+#     for the scale and side-by-side benchmarks (asked for by name only).
 # Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry|crane|kubelet|
-#   kube-controller-manager|kube-scheduler|containerd|cni|pause ...]
+#   kube-controller-manager|kube-scheduler|containerd|cni|pause|kwok|
+#   agent-sandbox ...]
 #   (default: etcd kube-apiserver helm registry crane)
 # Prints the cache's bin directory on stdout; progress goes to stderr.
 set -euo pipefail
@@ -208,6 +211,59 @@ build_helm() {
   go_build helm "$HELM_VERSION" "$dir" helm.sh/helm/v3/cmd/helm "$ld"
 }
 
+# share_dir <name> <version>: where a module's data files (Stage YAML,
+# CRDs) are kept beside its binary.
+share_dir() {
+  echo "$CACHE/share/$1-$2"
+}
+
+# module_dir <dir> <module>: the module's source in the module cache, as
+# resolved by the wrapper module in <dir>.
+module_dir() {
+  (cd "$1" && go list -m -f '{{.Dir}}' "$2")
+}
+
+# kwok: simulated nodes for the scale benchmark (its Stages come from the
+# module's kustomize/stage YAML: v0.8 has none built in).
+build_kwok() {
+  local share
+  share=$(share_dir kwok "$KWOK_VERSION")
+  cached kwok "$KWOK_VERSION" && [[ -f "$share/stages.yaml" ]] && return
+  local dir src
+  dir=$(work_dir kwok "$KWOK_VERSION")
+  tools_file "$dir" sigs.k8s.io/kwok/cmd/kwok
+  wrapper_module "$dir" kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+  src=$(module_dir "$dir" sigs.k8s.io/kwok)
+  mkdir -p "$share"
+  {
+    for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
+      pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml; do
+      cat "$src/kustomize/stage/$f"
+      echo "---"
+    done
+  } >"$share/stages.yaml"
+  cached kwok "$KWOK_VERSION" || go_build kwok "$KWOK_VERSION" "$dir" sigs.k8s.io/kwok/cmd/kwok
+}
+
+# kubernetes-sigs/agent-sandbox's controller and its Sandbox CRD, for the
+# side-by-side benchmark.
+build_agent_sandbox() {
+  local share
+  share=$(share_dir agent-sandbox "$AGENT_SANDBOX_VERSION")
+  cached agent-sandbox-controller "$AGENT_SANDBOX_VERSION" && [[ -f "$share/sandboxes.yaml" ]] && return
+  local dir src
+  dir=$(work_dir agent-sandbox "$AGENT_SANDBOX_VERSION")
+  tools_file "$dir" sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
+  wrapper_module "$dir" agent-sandbox sigs.k8s.io/agent-sandbox "$AGENT_SANDBOX_VERSION"
+  src=$(module_dir "$dir" sigs.k8s.io/agent-sandbox)
+  mkdir -p "$share"
+  cp "$src/k8s/crds/agents.x-k8s.io_sandboxes.yaml" "$share/sandboxes.yaml"
+  cached agent-sandbox-controller "$AGENT_SANDBOX_VERSION" ||
+    go_build agent-sandbox-controller "$AGENT_SANDBOX_VERSION" "$dir" \
+      sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller \
+      "-X sigs.k8s.io/agent-sandbox/internal/version.gitVersion=$AGENT_SANDBOX_VERSION"
+}
+
 build_registry() {
   cached registry "$GGCR_VERSION" && return
   local dir
@@ -323,6 +379,8 @@ for t in "${targets[@]}"; do
     registry) build_registry ;;
     crane) build_crane ;;
     pause) build_pause ;;
+    kwok) build_kwok ;;
+    agent-sandbox) build_agent_sandbox ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

@@ -34,6 +34,8 @@ pub fn go_binary(name: &str) -> Result<PathBuf> {
         "pause" => "PAUSE_VERSION",
         "helm" => "HELM_VERSION",
         "registry" | "crane" => "GGCR_VERSION",
+        "kwok" => "KWOK_VERSION",
+        "agent-sandbox-controller" => "AGENT_SANDBOX_VERSION",
         other => panic!("no build recipe for {other}"),
     };
     let path = cache_dir().join("bin").join(format!("{name}-{}", version(key)));
@@ -43,10 +45,22 @@ pub fn go_binary(name: &str) -> Result<PathBuf> {
         let _g = LOCK.get_or_init(Default::default).lock();
         if !path.exists() {
             // The shim is built with containerd, under containerd's name.
-            run_script("build-binaries.sh", &[if name == "containerd-shim-runc-v2" { "containerd" } else { name }])?;
+            let target = match name {
+                "containerd-shim-runc-v2" => "containerd",
+                "agent-sandbox-controller" => "agent-sandbox",
+                other => other,
+            };
+            run_script("build-binaries.sh", &[target])?;
         }
     }
     Ok(path)
+}
+
+/// `$CACHE/share/<name>-<version>`: the data files (Stage YAML, CRDs) the
+/// build script keeps beside binary `binary`, which is built if missing.
+pub fn go_share(binary: &str, name: &str, version_key: &str) -> Result<PathBuf> {
+    go_binary(binary)?;
+    Ok(cache_dir().join("share").join(format!("{name}-{}", version(version_key))))
 }
 
 /// The `moto_server` entry point of the cached venv, created if missing.

@@ -215,6 +215,12 @@ impl ControlPlane {
         self.wait_ready(false)
     }
 
+    /// The kube-apiserver's and etcd's process ids (for the benchmarks'
+    /// memory and CPU figures).
+    pub fn pids(&self) -> (u32, u32) {
+        (self.apiserver.id(), self.etcd.id())
+    }
+
     pub fn dir(&self) -> &std::path::Path {
         &self.dir.path
     }

@@ -5,6 +5,7 @@
 //! Everything binds to 127.0.0.1 on free ports, and every process is killed
 //! when its owner drops it or when the test process dies.
 
+pub mod agent_sandbox;
 pub mod bench;
 pub mod build;
 pub mod chart;
@@ -18,6 +19,7 @@ pub mod eventbridge;
 pub mod gateway;
 pub mod images;
 pub mod imds;
+pub mod kwok;
 pub mod metrics_text;
 pub mod moto;
 pub mod node_sim;

@@ -192,6 +192,38 @@ impl OutputReader {
     }
 }
 
+/// An output response (`chunks`, `next`, `final`, `status`, `exitCode`),
+/// written straight from the chunks: each chunk's base64 goes once into
+/// the body, with no JSON tree holding a second copy of up to 8 MiB.
+pub fn page(cmd: &hangar_crds::Command, after: u64, chunks: &[Chunk], fin: bool) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let next = chunks.last().map(|c| c.offset + c.data.len() as u64).unwrap_or(after);
+    let size: usize = chunks.iter().map(|c| c.data.len().div_ceil(3) * 4 + 64).sum();
+    let mut body = String::with_capacity(size + 160);
+    body.push_str("{\"chunks\":[");
+    for (i, c) in chunks.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        // The stream name and the base64 alphabet need no escaping.
+        body.push_str(&format!("{{\"stream\":\"{}\",\"offset\":{},\"data\":\"", c.stream.as_str(), c.offset));
+        b64.encode_string(&c.data, &mut body);
+        body.push_str("\"}");
+    }
+    let tail = serde_json::json!({
+        "next": next,
+        "final": fin,
+        "status": crate::views::phase(cmd).as_str(),
+        "exitCode": cmd.status.as_ref().and_then(|s| s.exit_code),
+    });
+    body.push_str("],");
+    // `{"next":…}` without its opening brace.
+    body.push_str(&tail.to_string()[1..]);
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
 /// The cap on output reads waiting at once: in all, and per caller (each
 /// holds a connection and a follower subscription for up to 25 s).
 pub struct LongPolls {
@@ -248,6 +280,49 @@ mod tests {
         let client = kube::Client::try_from(config).unwrap();
         let org = OrgKey::from_bytes(&[7u8; 32]).unwrap();
         OutputReader::new(OutputStore::local(dir).unwrap(), Api::namespaced(client, "x"), org)
+    }
+
+    #[tokio::test]
+    async fn a_page_is_the_contracts_json_with_each_chunk_in_base64() {
+        use base64::Engine;
+        let cmd: hangar_crds::Command = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hangar.dev/v1alpha1", "kind": "Command", "metadata": {"name": "c"},
+            "spec": {"sandbox": "s", "argv": ["true"]},
+            "status": {"phase": "exited", "exitCode": 3},
+        }))
+        .unwrap();
+        let chunks = [
+            Chunk {
+                stream: hangar_output::Stream::Stdout,
+                offset: 10,
+                data: axum::body::Bytes::from_static(b"hello \"x\"\n"),
+            },
+            Chunk {
+                stream: hangar_output::Stream::Stderr,
+                offset: 21,
+                data: axum::body::Bytes::from(vec![0u8, 255, 7]),
+            },
+        ];
+        let read = |resp: axum::response::Response| async move {
+            assert_eq!(resp.headers()[axum::http::header::CONTENT_TYPE], "application/json");
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(&body).expect("valid JSON")
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        assert_eq!(
+            read(page(&cmd, 10, &chunks, true)).await,
+            serde_json::json!({
+                "chunks": [
+                    {"stream": "stdout", "offset": 10, "data": b64.encode(b"hello \"x\"\n")},
+                    {"stream": "stderr", "offset": 21, "data": b64.encode([0u8, 255, 7])},
+                ],
+                "next": 24, "final": true, "status": "exited", "exitCode": 3,
+            })
+        );
+        assert_eq!(
+            read(page(&cmd, 7, &[], false)).await,
+            serde_json::json!({"chunks": [], "next": 7, "final": false, "status": "exited", "exitCode": 3})
+        );
     }
 
     #[tokio::test]

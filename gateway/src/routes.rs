@@ -15,7 +15,6 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use base64::Engine;
 use hangar_core::session::requests;
 use hangar_core::tokens::scope::{self, Action};
 use hangar_crds::{Command, ErrorCode, Sandbox, SessionToken};
@@ -383,7 +382,7 @@ async fn output(
     Path((id, cid)): Path<(String, String)>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     call: Call,
-) -> Reply {
+) -> Result<axum::response::Response, ApiError> {
     let a = authorised(&gw, &call, &id, Act::ReadOutput).await?;
     let _place = gw.long_polls.enter(a.who())?;
     let session = a.session.clone();
@@ -410,7 +409,7 @@ async fn output(
         cmd = command_of(gw, session, cid).await?;
     }
     let Some(number) = cmd.status.as_ref().and_then(|s| s.number) else {
-        return ok(StatusCode::OK, output_body(&cmd, after, &[], false));
+        return Ok(crate::output::page(&cmd, after, &[], false));
     };
     let wait = deadline.saturating_duration_since(std::time::Instant::now());
     let latest = std::sync::Mutex::new(cmd.clone());
@@ -424,23 +423,7 @@ async fn output(
         })
         .await?;
     let cmd = latest.into_inner().unwrap_or_else(|p| p.into_inner());
-    ok(StatusCode::OK, output_body(&cmd, after, &chunks, fin))
-}
-
-fn output_body(cmd: &Command, after: u64, chunks: &[hangar_output::Chunk], fin: bool) -> Value {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let next = chunks.last().map(|c| c.offset + c.data.len() as u64).unwrap_or(after);
-    let list: Vec<Value> = chunks
-        .iter()
-        .map(|c| json!({"stream": c.stream.as_str(), "offset": c.offset, "data": b64.encode(&c.data)}))
-        .collect();
-    json!({
-        "chunks": list,
-        "next": next,
-        "final": fin,
-        "status": views::phase(cmd).as_str(),
-        "exitCode": cmd.status.as_ref().and_then(|s| s.exit_code),
-    })
+    Ok(crate::output::page(&cmd, after, &chunks, fin))
 }
 
 fn body_error(e: BytesRejection) -> ApiError {

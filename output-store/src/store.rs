@@ -4,7 +4,8 @@
 //! `<session>/cmd/<n>/<offset, 20 digits>-<stream>-<attempt>`. The names
 //! sort by offset, and a chunk's length is its size less the 16-byte tag.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -86,11 +87,27 @@ pub(crate) fn aad(session: &str, command: u32, stream: Stream) -> Vec<u8> {
 #[derive(Clone)]
 pub struct OutputStore {
     store: Arc<dyn ObjectStore>,
+    listed: Arc<Mutex<Listed>>,
 }
+
+/// Per command, the chunks already listed from offset 0 without a gap.
+/// A stored chunk never changes, so the next listing of the command starts
+/// after the last of them (S3's `start-after`) instead of from its first
+/// chunk: a long-poll's follower and a reader paging through 1 GiB see
+/// only what is new, not hundreds of objects per call.
+#[derive(Default)]
+struct Listed {
+    commands: HashMap<(String, u32), Arc<Vec<Entry>>>,
+    entries: usize,
+}
+
+/// The listing cache's bound (entries, ~150 bytes each); past it the cache
+/// starts again empty.
+const MAX_LISTED_ENTRIES: usize = 200_000;
 
 impl OutputStore {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store }
+        Self { store, listed: Arc::default() }
     }
 
     /// A local directory (the default outside production).
@@ -154,25 +171,55 @@ impl OutputStore {
         self.store.put(&path, PutPayload::from_bytes(sealed)).await.map(|_| ())
     }
 
-    /// Every chunk of a command, in offset order.
-    pub(crate) async fn entries(&self, session: &str, command: u32) -> Result<Vec<Entry>, object_store::Error> {
-        let metas: Vec<_> = self.store.list(Some(&Self::prefix(session, command))).try_collect().await?;
-        let mut entries: Vec<Entry> = metas
+    /// The chunks of a command from offset 0 up to the first gap, in
+    /// offset order (one chunk per offset). Lists only past what an earlier
+    /// call found.
+    pub(crate) async fn contiguous(&self, session: &str, command: u32) -> Result<Arc<Vec<Entry>>, object_store::Error> {
+        let key = (session.to_owned(), command);
+        let known =
+            self.listed.lock().unwrap_or_else(|p| p.into_inner()).commands.get(&key).cloned().unwrap_or_default();
+        let prefix = Self::prefix(session, command);
+        let listing = match known.last() {
+            Some(last) => self.store.list_with_offset(Some(&prefix), &last.path),
+            None => self.store.list(Some(&prefix)),
+        };
+        let metas: Vec<_> = listing.try_collect().await?;
+        let mut new: Vec<Entry> = metas
             .into_iter()
             .filter_map(|m| {
                 let (offset, stream, attempt) = parse_chunk_name(m.location.filename()?)?;
                 Some(Entry { offset, len: m.size.saturating_sub(TAG_LEN), stream, attempt, path: m.location })
             })
             .collect();
-        entries.sort_by_key(|e| e.offset);
-        entries.dedup_by_key(|e| e.offset);
-        Ok(entries)
+        new.sort_by_key(|e| e.offset);
+        let mut end = known.last().map(|e| e.offset + e.len).unwrap_or(0);
+        let mut grown = None;
+        for e in new {
+            // Another copy of a chunk already had (a re-send) is skipped.
+            if e.offset < end {
+                continue;
+            }
+            if e.offset > end {
+                break;
+            }
+            end += e.len;
+            grown.get_or_insert_with(|| known.as_ref().clone()).push(e);
+        }
+        let Some(grown) = grown else { return Ok(known) };
+        let grown = Arc::new(grown);
+        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        if listed.entries + grown.len() > MAX_LISTED_ENTRIES {
+            *listed = Listed::default();
+        }
+        let replaced = listed.commands.insert(key, grown.clone()).map_or(0, |old| old.len());
+        listed.entries = listed.entries + grown.len() - replaced;
+        Ok(grown)
     }
 
     /// How far the output is stored without a gap: a reader can read up to
     /// here (what attach reports per command).
     pub async fn stored_end(&self, session: &str, command: u32) -> Result<u64, object_store::Error> {
-        Ok(contiguous(&self.entries(session, command).await?).last().map(|e| e.offset + e.len).unwrap_or(0))
+        Ok(self.contiguous(session, command).await?.last().map(|e| e.offset + e.len).unwrap_or(0))
     }
 
     /// The bytes past `after`, chunk by chunk, up to the first gap. `key`
@@ -197,10 +244,12 @@ impl OutputStore {
         max_bytes: u64,
         key: &(dyn Fn(u32) -> Option<AttemptKey> + Sync),
     ) -> Result<Vec<Chunk>, ReadError> {
-        let entries = self.entries(session, command).await?;
+        let entries = self.contiguous(session, command).await?;
         let mut out = Vec::new();
         let mut taken = 0u64;
-        for e in contiguous(&entries).into_iter().filter(|e| e.offset + e.len > after) {
+        // The first chunk that holds bytes past `after` (they are in order).
+        let first = entries.partition_point(|e| e.offset + e.len <= after);
+        for e in &entries[first..] {
             if taken >= max_bytes {
                 break;
             }
@@ -222,26 +271,13 @@ impl OutputStore {
 
     /// Raw sealed bytes of every chunk (tests check nothing is in the clear).
     pub async fn raw_objects(&self, session: &str, command: u32) -> Result<Vec<Bytes>, object_store::Error> {
+        let metas: Vec<_> = self.store.list(Some(&Self::prefix(session, command))).try_collect().await?;
         let mut out = Vec::new();
-        for e in self.entries(session, command).await? {
-            out.push(self.store.get(&e.path).await?.bytes().await?);
+        for m in metas {
+            out.push(self.store.get(&m.location).await?.bytes().await?);
         }
         Ok(out)
     }
-}
-
-/// The leading run of entries with no gap from offset 0.
-fn contiguous(entries: &[Entry]) -> Vec<Entry> {
-    let mut next = 0;
-    let mut out = Vec::new();
-    for e in entries {
-        if e.offset != next {
-            break;
-        }
-        next = e.offset + e.len;
-        out.push(e.clone());
-    }
-    out
 }
 
 #[cfg(test)]
@@ -258,10 +294,27 @@ mod tests {
         assert_eq!(parse_chunk_name("junk"), None);
     }
 
-    #[test]
-    fn a_gap_stops_the_readable_run() {
-        let e = |offset, len| Entry { path: Path::from("x"), offset, len, stream: Stream::Stdout, attempt: 1 };
-        let run = contiguous(&[e(0, 5), e(5, 3), e(10, 2)]);
-        assert_eq!(run.len(), 2, "offset 8..10 is not stored yet");
+    /// A chunk of `len` bytes at `offset` (its object is `len` + the tag).
+    async fn put(store: &OutputStore, offset: u64, len: usize, attempt: u32) {
+        let name = chunk_name(Stream::Stdout, offset, attempt);
+        store.put("s", 1, &name, Bytes::from(vec![0u8; len + TAG_LEN as usize])).await.expect("put");
+    }
+
+    #[tokio::test]
+    async fn the_readable_run_stops_at_a_gap_and_grows_when_it_is_filled() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = OutputStore::local(dir.path()).expect("store");
+        put(&store, 0, 5, 1).await;
+        put(&store, 5, 3, 1).await;
+        put(&store, 10, 2, 1).await;
+        assert_eq!(store.stored_end("s", 1).await.expect("listed"), 8, "offset 8..10 is not stored yet");
+        // Listed again from after the cached run: the gap filled, a re-sent
+        // copy of a chunk already had (another attempt's name) skipped.
+        put(&store, 8, 2, 1).await;
+        put(&store, 5, 3, 2).await;
+        let run = store.contiguous("s", 1).await.expect("listed");
+        assert_eq!(run.iter().map(|e| (e.offset, e.len)).collect::<Vec<_>>(), [(0, 5), (5, 3), (8, 2), (10, 2)]);
+        assert_eq!(store.stored_end("s", 1).await.expect("listed"), 12);
+        assert_eq!(store.listed.lock().expect("cache").entries, 4);
     }
 }

@@ -44,6 +44,18 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time a process has used (user + system), seconds; 0 when gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command name (which may hold spaces) in brackets.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    let ticks: u64 = [11, 12].iter().filter_map(|i| fields.get(*i)?.parse::<u64>().ok()).sum();
+    // USER_HZ: 100 on Linux for x86_64 and arm64 alike.
+    ticks as f64 / 100.0
+}
+
 /// `--runs R` (default `default`): how many times a benchmark repeats its
 /// measured part; the tables print the median over the runs.
 pub fn runs_arg(default: usize) -> usize {

@@ -58,40 +58,17 @@ async fn run(stack: &LocalStack, n: usize, runs: usize) {
     let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
     let probe = Probe::start(client.clone(), ec2, NS, Duration::from_millis(200)).await;
     let boxes: Api<Sandbox> = Api::namespaced(client.clone(), NS);
-    boxes.create(&PostParams::default(), &sessions::sandbox("box", "commands", json!({}))).await.unwrap();
-    let s = wait_phase(stack, &boxes, "box", Phase::Running).await;
-    let sid = s.uid().unwrap();
-    let node = s.status.as_ref().unwrap().instance_id.clone().unwrap();
     let api: Api<Command> = Api::namespaced(client.clone(), NS);
-    let keys = |attempt| cmds::output_keys(&client, &sid, attempt);
     let gw = stack.gateway_client();
     let member = member_token(&stack.cp, NS, "bench", "get,list,create,patch");
-
-    // Memory of the worker, the supervisor and the gateway, sampled all
-    // through the runs.
-    let pids = [
-        ("worker", stack.sim.pid(&node, "worker").unwrap() as u32),
-        ("supervisor", stack.sim.pid(&node, "supervisor").unwrap() as u32),
-        ("gateway", stack.gateway.pid()),
-    ];
-    let sampling = Arc::new(AtomicBool::new(true));
-    let peaks: Arc<Vec<AtomicU64>> = Arc::new(pids.iter().map(|_| AtomicU64::new(0)).collect());
-    let sampler = {
-        let (sampling, peaks) = (sampling.clone(), peaks.clone());
-        tokio::spawn(async move {
-            while sampling.load(Ordering::Relaxed) {
-                for (i, (_, pid)) in pids.iter().enumerate() {
-                    peaks[i].fetch_max(rss_kib(*pid), Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let names = ["worker", "supervisor", "gateway"];
+    let mut peaks = [0u64; 3];
 
     let mut latencies = LatencyTable::default();
     let paced_row = latencies.row("Command create → process start, paced 10/s", "apiserver PATCH", "p99 < 300 ms");
     let burst_row = latencies.row("Command create → process start, bursts of 16", "apiserver PATCH", "");
-    let wake_row = latencies.row("long-poll wake after new bytes", "gateway output GET", "p99 < 100 ms");
+    let wake_row =
+        latencies.row("long-poll wake after new bytes", "store PUT + LIST + GET, then gateway GET", "p99 < 100 ms");
     let mut throughputs = ThroughputTable::default();
     let stored_row =
         throughputs.row("1 GiB output, create → exited with all stored", "disk write + fsync", "≥ 100 MB/s");
@@ -99,14 +76,26 @@ async fn run(stack: &LocalStack, n: usize, runs: usize) {
     const GIB: u64 = 1 << 30;
     for run in 0..runs {
         eprintln!("bench: run {}/{runs}", run + 1);
+        // A session per run: one takes a bounded number of commands.
+        let name = format!("box-{run}");
+        boxes.create(&PostParams::default(), &sessions::sandbox(&name, "commands", json!({}))).await.unwrap();
+        let s = wait_phase(stack, &boxes, &name, Phase::Running).await;
+        let sid = s.uid().unwrap();
+        let node = s.status.as_ref().unwrap().instance_id.clone().unwrap();
+        let memory = sample_memory([
+            stack.sim.pid(&node, "worker").unwrap() as u32,
+            stack.sim.pid(&node, "supervisor").unwrap() as u32,
+            stack.gateway.pid(),
+        ]);
         let base_from = probe.snapshot();
         // 1. create → process start.
-        let key = keys(1).await;
+        let key = cmds::output_keys(&client, &sid, 1).await;
         let paced =
-            start_latency(stack, &api, &sid, &key, &format!("r{run}-p"), n, Some(Duration::from_millis(100))).await;
+            start_latency(stack, &api, (&sid, &name), &key, &format!("r{run}-p"), n, Some(Duration::from_millis(100)))
+                .await;
         let mut burst = Vec::new();
         for b in 0..(n / 16).max(1) {
-            burst.extend(start_latency(stack, &api, &sid, &key, &format!("r{run}-b{b}-"), 16, None).await);
+            burst.extend(start_latency(stack, &api, (&sid, &name), &key, &format!("r{run}-b{b}-"), 16, None).await);
         }
         let patch = us_to_ms(&probe.snapshot().since(&base_from).apiserver_patch_us);
         latencies.add(paced_row, &as_f64(&paced), &patch);
@@ -115,7 +104,7 @@ async fn run(stack: &LocalStack, n: usize, runs: usize) {
         // 2. 1 GiB through the pipeline, then the disk doing the same.
         let gib = format!("gib-{run}");
         let started = Instant::now();
-        cmds::create(&api, &command(&gib, "box", &["head", "-c", "1073741824", "/dev/zero"], json!({}))).await;
+        cmds::create(&api, &command(&gib, &name, &["head", "-c", "1073741824", "/dev/zero"], json!({}))).await;
         let done = wait_command_phase(stack, &api, &gib, CommandPhase::Exited).await;
         let stored_s = started.elapsed().as_secs_f64();
         let stored_bytes = done.status.as_ref().and_then(|s| s.output_bytes).unwrap_or(0) as u64;
@@ -139,12 +128,15 @@ async fn run(stack: &LocalStack, n: usize, runs: usize) {
         throughputs.add(read_row, GIB as f64 / 1e6 / read_s, disk_read);
 
         // 3. long-poll wake latency, and the gateway's plain round trip.
-        let wake = wake_latency(&gw, &member, &api, stack, &sid, &format!("ticks-{run}")).await;
+        let wake = wake_latency(&gw, &member, &api, stack, (&sid, &name), &format!("ticks-{run}")).await;
         let get = gateway_round_trips(&gw, &member, &sid, &format!("r{run}-p000")).await;
-        latencies.add(wake_row, &as_f64(&wake), &get);
+        let store = store_round_trips(&stack.output_store()).await;
+        let floor: Vec<f64> = store.iter().zip(&get).map(|(s, g)| s + g).collect();
+        latencies.add(wake_row, &as_f64(&wake), &floor);
+        for (peak, run_peak) in peaks.iter_mut().zip(memory.finish().await) {
+            *peak = (*peak).max(run_peak);
+        }
     }
-    sampling.store(false, Ordering::Relaxed);
-    let _ = sampler.await;
     let base_all = probe.finish().await;
 
     let mib = |kib: u64| kib as f64 / 1024.0;
@@ -162,19 +154,48 @@ async fn run(stack: &LocalStack, n: usize, runs: usize) {
     println!();
     println!("| figure | value | target |");
     println!("| --- | --- | --- |");
-    for (i, (name, _)) in pids.iter().enumerate() {
+    for (name, peak) in names.iter().zip(peaks) {
         let target = match *name {
             "worker" => "< 64",
             "gateway" => "< 128",
             _ => "",
         };
-        println!(
-            "| {name} peak RSS over the runs, streaming and reading 1 GiB (MiB) | {:.1} | {target} |",
-            mib(peaks[i].load(Ordering::Relaxed))
-        );
+        println!("| {name} peak RSS over the runs, streaming and reading 1 GiB (MiB) | {:.1} | {target} |", mib(peak));
     }
     println!();
     hangar_e2e::bench::load::print_after(&load);
+}
+
+/// Peak RSS (KiB) of some processes, sampled every 50 ms until `finish`.
+struct MemorySampler {
+    sampling: Arc<AtomicBool>,
+    peaks: Arc<Vec<AtomicU64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn sample_memory(pids: [u32; 3]) -> MemorySampler {
+    let sampling = Arc::new(AtomicBool::new(true));
+    let peaks: Arc<Vec<AtomicU64>> = Arc::new(pids.iter().map(|_| AtomicU64::new(0)).collect());
+    let task = tokio::spawn({
+        let (sampling, peaks) = (sampling.clone(), peaks.clone());
+        async move {
+            while sampling.load(Ordering::Relaxed) {
+                for (peak, pid) in peaks.iter().zip(pids) {
+                    peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    MemorySampler { sampling, peaks, task }
+}
+
+impl MemorySampler {
+    async fn finish(self) -> [u64; 3] {
+        self.sampling.store(false, Ordering::Relaxed);
+        let _ = self.task.await;
+        [0, 1, 2].map(|i| self.peaks[i].load(Ordering::Relaxed))
+    }
 }
 
 fn as_f64(v: &[u64]) -> Vec<f64> {
@@ -195,12 +216,28 @@ async fn gateway_round_trips(gw: &hangar_e2e::gateway::GatewayClient, member: &s
     out
 }
 
+/// 50 round trips through the output store the worker and the gateway
+/// use (ms): a small object put, the prefix listed, the object read. The
+/// least any wake through the store takes, before the gateway's part.
+async fn store_round_trips(store: &hangar_output::OutputStore) -> Vec<f64> {
+    let mut out = Vec::new();
+    for i in 0..50 {
+        let session = format!("bench-baseline-{i}");
+        let t = Instant::now();
+        store.put_certificate(&session, vec![0u8; 64]).await.expect("put");
+        store.stored_end(&session, 1).await.expect("list");
+        assert!(store.certificate(&session).await.expect("get").is_some(), "read back");
+        out.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    out
+}
+
 /// Creates `n` `date +%s%N` commands (paced by `every`, or all at once) and
 /// returns create-call → process-start in ms.
 async fn start_latency(
     stack: &LocalStack,
     api: &Api<Command>,
-    sid: &str,
+    (sid, sandbox): (&str, &str),
     keys: &std::collections::HashMap<u32, [u8; 32]>,
     prefix: &str,
     n: usize,
@@ -210,7 +247,7 @@ async fn start_latency(
     let mut creates = Vec::new();
     for i in 0..n {
         let name = format!("{prefix}{i:03}");
-        let c = command(&name, "box", &["date", "+%s%N"], json!({}));
+        let c = command(&name, sandbox, &["date", "+%s%N"], json!({}));
         let api = api.clone();
         creates.push(tokio::spawn(async move {
             let t0 = now_ns();
@@ -241,11 +278,11 @@ async fn wake_latency(
     member: &str,
     api: &Api<Command>,
     stack: &LocalStack,
-    sid: &str,
+    (sid, sandbox): (&str, &str),
     name: &str,
 ) -> Vec<u64> {
     let script = "i=0; while [ $i -lt 100 ]; do date +%s%N; sleep 0.1; i=$((i+1)); done";
-    cmds::create(api, &sh(name, "box", script)).await;
+    cmds::create(api, &sh(name, sandbox, script)).await;
     wait_command_phase(stack, api, name, CommandPhase::Running).await;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut next = 0u64;

@@ -375,7 +375,11 @@ impl Runner {
     /// Records a final status (once: a command already final stays as it is).
     async fn finish(&mut self, id: u32, ending: Ending) -> Result<(), RunnerError> {
         let output_bytes = match self.writers.remove(&id) {
-            Some(w) => w.offset(),
+            Some(mut w) => {
+                // Every byte stored before the final status says so.
+                w.flush().await?;
+                w.offset()
+            }
             None => self.cfg.store.stored_end(&self.cfg.session_id, id).await?,
         };
         let Some(cmd) = self.by_number(id).cloned() else {
