@@ -27,7 +27,6 @@ async fn output_round_trips_through_s3_sealed() {
     w.append(Stream::Stdout, b"compiling...\n").await.unwrap();
     w.append(Stream::Stderr, b"warning: unused\n").await.unwrap();
     w.append(Stream::Stdout, b"done\n").await.unwrap();
-    w.flush().await.unwrap();
 
     let keys = |_: u32| Some(key());
     let chunks = store.read_after("session-s3", 7, 0, &keys).await.unwrap();

@@ -66,14 +66,10 @@ impl OutputWriter {
         self.offset
     }
 
-    /// Waits until every chunk written is in the store (a command's final
-    /// status is written only after its output is stored).
+    /// Makes sure every chunk written is in the store: after a failed
+    /// upload, sends everything still spooled again, in order (a command's
+    /// final status is written only after its output is stored).
     pub async fn flush(&mut self) -> Result<(), WriteError> {
-        self.settle().await
-    }
-
-    /// If an upload failed, sends everything still spooled again, in order.
-    async fn settle(&mut self) -> Result<(), WriteError> {
         if self.unsent {
             tracing::warn!(command = self.command, "an upload failed; sending the spool again");
             resend_dir(&self.store, &self.spool, &self.session, self.command).await?;
@@ -97,7 +93,7 @@ impl OutputWriter {
             return Ok(self.offset);
         }
         // A gap an earlier failed upload left is closed first.
-        self.settle().await?;
+        self.flush().await?;
         let len = bytes.len() as u64;
         let sealed =
             self.key.seal_owned(self.command, self.offset, &aad(&self.session, self.command, stream), bytes)?;
@@ -191,11 +187,7 @@ async fn upload(
 ) -> Result<(), WriteError> {
     store.put(session, command, name, sealed).await?;
     let path = spool.join(name);
-    match std::fs::remove_file(&path) {
-        // Sent already by a resend of the whole spool.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        r => r.map_err(|source| WriteError::Spool { path, source }),
-    }
+    std::fs::remove_file(&path).map_err(|source| WriteError::Spool { path, source })
 }
 
 fn write_synced(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {

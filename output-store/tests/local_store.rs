@@ -22,8 +22,6 @@ async fn output_reads_back_from_any_offset_with_streams_marked() {
     w.append(Stream::Stdout, b"hello ").await.unwrap();
     w.append(Stream::Stderr, b"warning\n").await.unwrap();
     w.append(Stream::Stdout, b"world\n").await.unwrap();
-    // Stored once flushed (each chunk's upload overlaps the next write).
-    w.flush().await.unwrap();
     let keys = |a: u32| (a == 1).then(|| key(&k));
 
     let all = store.read_after(SESSION, 1, 0, &keys).await.unwrap();
@@ -54,7 +52,6 @@ async fn a_chunk_spooled_before_a_crash_is_sent_once_after_restart() {
     let k = AttemptKey::generate().unwrap();
     let mut w = OutputWriter::open(store.clone(), spool.clone(), SESSION, 2, 1, key(&k)).await.unwrap();
     w.append(Stream::Stdout, b"first ").await.unwrap();
-    w.flush().await.unwrap();
     w.append_spooled_only(Stream::Stdout, b"second ").unwrap();
     drop(w); // the worker dies before the upload
     let keys = |_: u32| Some(key(&k));
@@ -66,7 +63,6 @@ async fn a_chunk_spooled_before_a_crash_is_sent_once_after_restart() {
     let mut w = OutputWriter::open(store.clone(), spool, SESSION, 2, 1, key(&k)).await.unwrap();
     assert_eq!(w.offset(), 13, "continues after the re-sent chunk");
     w.append(Stream::Stdout, b"third").await.unwrap();
-    w.flush().await.unwrap();
     assert_eq!(concat(&store.read_after(SESSION, 2, 0, &keys).await.unwrap()), b"first second third");
 }
 
@@ -78,10 +74,8 @@ async fn each_attempt_has_its_key_and_a_destroyed_key_erases_its_output() {
     let (k1, k2) = (AttemptKey::generate().unwrap(), AttemptKey::generate().unwrap());
     let mut w = OutputWriter::open(store.clone(), spool.clone(), SESSION, 3, 1, key(&k1)).await.unwrap();
     w.append(Stream::Stdout, b"attempt one;").await.unwrap();
-    w.flush().await.unwrap();
     let mut w = OutputWriter::open(store.clone(), spool, SESSION, 3, 2, key(&k2)).await.unwrap();
     w.append(Stream::Stdout, b"attempt two").await.unwrap();
-    w.flush().await.unwrap();
 
     let both = |a: u32| match a {
         1 => Some(key(&k1)),
@@ -108,7 +102,6 @@ async fn a_chunk_delivered_again_is_stored_once_and_a_gap_is_refused() {
         w.write_at(Stream::Stdout, 9, b"x".to_vec()).await,
         Err(hangar_output::WriteError::Gap { expected: 6, got: 9 })
     ));
-    w.flush().await.unwrap();
     let keys = |_: u32| Some(key(&k));
     let all = store.read_after(SESSION, 3, 0, &keys).await.unwrap();
     assert_eq!(concat(&all), b"abcdef");

@@ -18,13 +18,8 @@ pub fn production_intervals() -> Vec<(String, String)> {
 }
 
 /// The `p` quantile (0.0–1.0) by nearest rank; 0 for no samples.
-pub fn pct(mut v: Vec<u64>, p: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
+pub fn pct(v: Vec<u64>, p: f64) -> u64 {
+    table::quantile(&v.into_iter().map(|x| x as f64).collect::<Vec<_>>(), p) as u64
 }
 
 /// Prints `what: n=… p50=… p90=… p99=… max=… unit`.

@@ -24,34 +24,35 @@ struct LatencyRun {
     base_p99: f64,
 }
 
-struct LatencyRow {
+/// A figure of a table: what it is, what it is divided by, its target
+/// (printed as is) and each run's measurement `R`.
+struct Figure<R> {
     name: String,
     baseline: String,
     target: String,
-    runs: Vec<LatencyRun>,
-}
-
-/// Latencies (ms) with their baseline round trips (ms).
-#[derive(Default)]
-pub struct LatencyTable {
-    rows: Vec<LatencyRow>,
+    runs: Vec<R>,
 }
 
 /// A row of a table, as returned when it is declared.
 #[derive(Clone, Copy)]
 pub struct Row(usize);
 
+fn declare<R>(rows: &mut Vec<Figure<R>>, name: &str, baseline: &str, target: &str) -> Row {
+    rows.push(Figure { name: name.into(), baseline: baseline.into(), target: target.into(), runs: vec![] });
+    Row(rows.len() - 1)
+}
+
+/// Latencies (ms) with their baseline round trips (ms).
+#[derive(Default)]
+pub struct LatencyTable {
+    rows: Vec<Figure<LatencyRun>>,
+}
+
 impl LatencyTable {
     /// Declares a figure: `baseline` names what it is divided by; `target`
     /// is printed as is.
     pub fn row(&mut self, name: &str, baseline: &str, target: &str) -> Row {
-        self.rows.push(LatencyRow {
-            name: name.into(),
-            baseline: baseline.into(),
-            target: target.into(),
-            runs: vec![],
-        });
-        Row(self.rows.len() - 1)
+        declare(&mut self.rows, name, baseline, target)
     }
 
     /// One run's samples of the figure and of its baseline.
@@ -92,28 +93,15 @@ impl LatencyTable {
     }
 }
 
-struct ThroughputRow {
-    name: String,
-    baseline: String,
-    target: String,
-    runs: Vec<(f64, f64)>,
-}
-
 /// Throughputs (MB/s) with a baseline throughput (MB/s) of the same size.
 #[derive(Default)]
 pub struct ThroughputTable {
-    rows: Vec<ThroughputRow>,
+    rows: Vec<Figure<(f64, f64)>>,
 }
 
 impl ThroughputTable {
     pub fn row(&mut self, name: &str, baseline: &str, target: &str) -> Row {
-        self.rows.push(ThroughputRow {
-            name: name.into(),
-            baseline: baseline.into(),
-            target: target.into(),
-            runs: vec![],
-        });
-        Row(self.rows.len() - 1)
+        declare(&mut self.rows, name, baseline, target)
     }
 
     pub fn add(&mut self, row: Row, mbps: f64, baseline_mbps: f64) {
