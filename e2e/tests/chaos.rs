@@ -249,7 +249,10 @@ async fn chaos_without_loss() {
             }
         }
         let sid = boxes.get(&session).await.unwrap().uid().unwrap();
-        let out = read_all(&gw, &member, &sid, &name).await;
+        let out = match read_all(&gw, &member, &sid, &name).await {
+            Ok(out) => out,
+            Err(last) => panic!("seed {seed}: {}", why_not_final(&stack, &client, &sid, c, &last).await),
+        };
         let want = expected_output(lines);
         if phase == CommandPhase::Exited {
             assert_eq!(out.len(), want.len(), "seed {seed}: {name} exited; its output's length");
@@ -374,13 +377,19 @@ async fn kill_one(stack: &mut LocalStack, boxes: &Api<Sandbox>, live: &[String],
     }
 }
 
-/// Every byte of a command's output, through the gateway, to its end.
-async fn read_all(gw: &hangar_e2e::gateway::GatewayClient, token: &str, sid: &str, cid: &str) -> Vec<u8> {
+/// Every byte of a command's output, through the gateway, to its end; or,
+/// when it never comes to its end, the last answer (chunks left out).
+async fn read_all(
+    gw: &hangar_e2e::gateway::GatewayClient,
+    token: &str,
+    sid: &str,
+    cid: &str,
+) -> Result<Vec<u8>, serde_json::Value> {
     let mut out = Vec::new();
     let mut after = 0u64;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let (st, body) = gw.get(&format!("/v1/sandboxes/{sid}/commands/{cid}/output?after={after}"), token).await;
+        let (st, mut body) = gw.get(&format!("/v1/sandboxes/{sid}/commands/{cid}/output?after={after}"), token).await;
         if st == 429 {
             // The per-caller rate limit: a client backs off and asks again.
             assert!(Instant::now() < deadline, "{cid}: rate-limited until the deadline");
@@ -396,8 +405,58 @@ async fn read_all(gw: &hangar_e2e::gateway::GatewayClient, token: &str, sid: &st
         }
         after = body["next"].as_u64().unwrap();
         if body["final"].as_bool().unwrap() {
-            return out;
+            return Ok(out);
         }
-        assert!(Instant::now() < deadline, "{cid}: output never final");
+        if Instant::now() >= deadline {
+            body["chunks"] = json!(body["chunks"].as_array().map(Vec::len));
+            return Err(body);
+        }
     }
+}
+
+/// Why a command's output never came to its end: the gateway's last
+/// answer, the command's stored status, the chunks in the store (by
+/// attempt) and which attempts' output keys are sealed or still handed in.
+async fn why_not_final(
+    stack: &LocalStack,
+    client: &kube::Client,
+    sid: &str,
+    cmd: &Command,
+    last: &serde_json::Value,
+) -> String {
+    use hangar_crds::output_keys;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let number = cmd.status.as_ref().and_then(|s| s.number).unwrap_or_default();
+    let dir = stack.cp.dir().join("output").join(sid).join("cmd").join(number.to_string());
+    let mut chunks: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| {
+                    format!("{} ({} B)", e.file_name().to_string_lossy(), e.metadata().map(|m| m.len()).unwrap_or(0))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    chunks.sort();
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let sealed: Vec<String> = maps
+        .get_opt(&output_keys::sealed_keys_name(sid))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|m| m.binary_data)
+        .map(|d| d.into_keys().collect())
+        .unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let handed: Vec<String> = secrets
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items.iter().map(|s| s.name_any()).filter(|n| n.contains(sid)).collect())
+        .unwrap_or_default();
+    format!(
+        "{}: output never final. Last answer: {last}. Status: {}. Chunks of command {number}: {chunks:?}. \
+         Sealed output keys: {sealed:?}. Secrets naming the session: {handed:?}",
+        cmd.name_any(),
+        serde_json::to_string(&cmd.status).unwrap_or_default(),
+    )
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangar_crds::{ErrorCode, output_keys};
-use hangar_output::{AttemptKey, Chunk, OrgKey, OutputStore, ReadError};
+use hangar_output::{AttemptKey, Chunk, OrgKey, OutputStore, Page, ReadError};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use tokio::sync::watch;
@@ -121,18 +121,19 @@ impl OutputReader {
         self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(session_id);
     }
 
-    /// The chunks past `after`, or `None` while a key they need is not
+    /// The chunks past `after` (one page of at most about
+    /// `MAX_RESPONSE_BYTES`), or `None` while a key they need is not
     /// sealed. Keys are looked up only for the attempts the chunks belong
     /// to, and only when not cached: a long-poll does no reads of keys once
     /// it has them. (Erased output is answered before reading: the route
     /// looks at `status.outputErasedAt`.)
-    pub async fn read(&self, session_id: &str, number: u32, after: u64) -> Result<Option<Vec<Chunk>>, ApiError> {
+    pub async fn read(&self, session_id: &str, number: u32, after: u64) -> Result<Option<Page>, ApiError> {
         let mut fetched = Vec::new();
         loop {
             let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(session_id).cloned().unwrap_or_default();
             let key = |a: u32| keys.get(&a).map(|k| AttemptKey::from_bytes(k.as_slice()).expect("32-byte key"));
             match self.store.read_after_at_most(session_id, number, after, MAX_RESPONSE_BYTES, &key).await {
-                Ok(chunks) => return Ok(Some(chunks)),
+                Ok(page) => return Ok(Some(page)),
                 Err(ReadError::Erased(a)) if !fetched.contains(&a) => {
                     fetched.push(a);
                     if self.fetch_key(session_id, a).await?.is_none() {
@@ -175,10 +176,12 @@ impl OutputReader {
             if std::mem::take(&mut first) || past || fin {
                 // A key not sealed yet: nothing to give, and not final
                 // either (the client would take "final, no bytes" for all).
-                if let Some(chunks) = self.read(session_id, number, after).await?
+                // Final only on the last page: a command that ended with
+                // more than a page stored is read to its end first.
+                if let Some(Page { chunks, more }) = self.read(session_id, number, after).await?
                     && (!chunks.is_empty() || fin)
                 {
-                    return Ok((chunks, fin));
+                    return Ok((chunks, fin && !more));
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());

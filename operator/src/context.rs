@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -23,6 +23,8 @@ pub struct Context {
     pub leases: Store<Lease>,
     /// Every Command, for the per-session counts in the Sandbox status.
     pub commands: Store<hangar_crds::Command>,
+    /// The Pods hangar manages (agent Pods, by label).
+    pub pods: Store<Pod>,
     /// Where the signed session certificates are kept.
     pub output_store: hangar_output::OutputStore,
     /// Seals the workspace keys (the operator's alone).

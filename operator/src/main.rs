@@ -127,6 +127,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let (nodes, node_writer) = reflector::store();
     let (leases, lease_writer) = reflector::store();
     let (commands, command_writer) = reflector::store();
+    let (pods, pod_writer) = reflector::store();
     let recorder = Recorder::new(
         client.clone(),
         Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
@@ -139,6 +140,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         nodes,
         leases,
         commands,
+        pods,
         org_key,
         output_kek,
         output_store,
@@ -186,7 +188,13 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let commands = tokio::spawn(hangar_operator::commands::run(ctx.clone()));
     let session_tokens = tokio::spawn(hangar_operator::tokens::run(ctx.clone()));
     let templates = tokio::spawn(hangar_operator::templates::run(ctx.clone()));
-    let sessions = lifecycle::run(ctx, node_writer, lease_writer, command_writer, changes_rx);
+    let writers = lifecycle::CacheWriters {
+        nodes: node_writer,
+        leases: lease_writer,
+        commands: command_writer,
+        pods: pod_writer,
+    };
+    let sessions = lifecycle::run(ctx, writers, changes_rx);
     let controller = async move {
         sessions.await;
         commands.abort();

@@ -17,5 +17,5 @@ pub mod writer;
 
 pub use hangar_keys::{AttemptKey, KeyBytes, OrgKey, SealError, random_bytes};
 pub use object_store::Error as StoreError;
-pub use store::{Chunk, OutputStore, ReadError, Stream};
+pub use store::{Chunk, OutputStore, Page, ReadError, Stream};
 pub use writer::{OutputWriter, WriteError, resend_spooled};

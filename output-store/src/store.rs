@@ -57,6 +57,15 @@ pub enum ReadError {
     Seal(String, SealError),
 }
 
+/// What one read gives: the chunks, and whether more stored chunks follow
+/// them (the read stopped at its size cap). A reader may call the output
+/// final only on a page with nothing more after it.
+#[derive(Clone, Debug, Default)]
+pub struct Page {
+    pub chunks: Vec<Chunk>,
+    pub more: bool,
+}
+
 /// A chunk as listed: where it is and what it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -231,7 +240,7 @@ impl OutputStore {
         after: u64,
         key: &(dyn Fn(u32) -> Option<AttemptKey> + Sync),
     ) -> Result<Vec<Chunk>, ReadError> {
-        self.read_after_at_most(session, command, after, u64::MAX, key).await
+        Ok(self.read_after_at_most(session, command, after, u64::MAX, key).await?.chunks)
     }
 
     /// As `read_after`, stopping after the chunk that reaches `max_bytes`
@@ -243,7 +252,7 @@ impl OutputStore {
         after: u64,
         max_bytes: u64,
         key: &(dyn Fn(u32) -> Option<AttemptKey> + Sync),
-    ) -> Result<Vec<Chunk>, ReadError> {
+    ) -> Result<Page, ReadError> {
         let entries = self.contiguous(session, command).await?;
         let mut out = Vec::new();
         let mut taken = 0u64;
@@ -251,7 +260,7 @@ impl OutputStore {
         let first = entries.partition_point(|e| e.offset + e.len <= after);
         for e in &entries[first..] {
             if taken >= max_bytes {
-                break;
+                return Ok(Page { chunks: out, more: true });
             }
             taken += e.len;
             let k = key(e.attempt).ok_or(ReadError::Erased(e.attempt))?;
@@ -266,7 +275,7 @@ impl OutputStore {
                 data: Bytes::from(plain).slice(skip..),
             });
         }
-        Ok(out)
+        Ok(Page { chunks: out, more: false })
     }
 
     /// Raw sealed bytes of every chunk (tests check nothing is in the clear).

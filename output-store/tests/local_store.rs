@@ -45,6 +45,30 @@ async fn output_reads_back_from_any_offset_with_streams_marked() {
 }
 
 #[tokio::test]
+async fn a_capped_read_says_more_follows_until_the_last_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = OutputStore::local(&dir.path().join("store")).unwrap();
+    let k = AttemptKey::generate().unwrap();
+    let mut w = OutputWriter::open(store.clone(), dir.path().join("spool"), SESSION, 4, 1, key(&k)).await.unwrap();
+    for part in [&b"aaaa"[..], b"bbbb", b"cccc"] {
+        w.append(Stream::Stdout, part).await.unwrap();
+    }
+    let keys = |_: u32| Some(key(&k));
+    // Pages of at most 5 bytes (whole chunks, the one reaching the cap
+    // included): 8 bytes then 4, and only the last has nothing after it.
+    let (mut after, mut pages) = (0u64, Vec::new());
+    loop {
+        let page = store.read_after_at_most(SESSION, 4, after, 5, &keys).await.unwrap();
+        after += page.chunks.iter().map(|c| c.data.len() as u64).sum::<u64>();
+        pages.push((concat(&page.chunks), page.more));
+        if !page.more {
+            break;
+        }
+    }
+    assert_eq!(pages, [(b"aaaabbbb".to_vec(), true), (b"cccc".to_vec(), false)]);
+}
+
+#[tokio::test]
 async fn a_chunk_spooled_before_a_crash_is_sent_once_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let store = OutputStore::local(&dir.path().join("store")).unwrap();

@@ -14,7 +14,7 @@ mod tracking;
 pub mod watches;
 
 pub use finalizer::FINALIZER;
-pub use watches::run;
+pub use watches::{CacheWriters, run};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,13 +118,6 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     {
         warn!(error = %e, "could not stamp the commands with their node yet");
     }
-    if let (Some(attempt), Some(node)) = (status.attempt, status.node_name.as_deref()) {
-        // Best effort here; the next reconcile (heartbeats bring one every
-        // few seconds) tries again.
-        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt).await {
-            warn!(error = %e, "could not seal an output key yet");
-        }
-    }
     tracking::track_prerequisites(&ctx, (&ns, &name, &session_id), &current, &status, &obs.observed);
     status.billing =
         Some(billing::record(&ctx.settings, &sandbox, &status, k8s_openapi::jiff::Timestamp::now().as_second()));
@@ -146,6 +139,15 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             && let Some(record) = &status.billing
         {
             ctx.metrics.billed(&ns, sandbox.spec.tenant.as_deref(), record);
+        }
+    }
+    if let (Some(attempt), Some(node)) = (status.attempt, status.node_name.as_deref()) {
+        // After the status is written (nothing in it waits on this), so
+        // its reads are not on the path to `running`. Best effort; the
+        // next reconcile (heartbeats bring one every few seconds) tries
+        // again.
+        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt).await {
+            warn!(error = %e, "could not seal an output key yet");
         }
     }
     for (reason, note) in &plan.events {

@@ -164,13 +164,15 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         Some(WorkerReport { attempt, workspace_closed: closed })
     });
 
-    // No instance, no node, no agent Pod yet: skip the read on the launch path.
+    // No instance, no node, no agent Pod yet: skip the lookup on the launch
+    // path. From the watch cache: a Pod's change wakes this session after
+    // the cache has it, and a Pod created but not cached yet is created
+    // again harmlessly (already exists).
     let mut agent_message = None;
     let agent = if instance.is_none() {
         AgentState::Absent
     } else {
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        match pods.get_opt(&agent_pod::pod_name(&name)).await? {
+        match ctx.pods.get(&ObjectRef::new(&agent_pod::pod_name(&name)).within(&ns)) {
             None => AgentState::Absent,
             Some(p) if agent_pod::is_ours(&p, session_id) => {
                 agent_message = termination_message(&p);

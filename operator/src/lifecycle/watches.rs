@@ -22,14 +22,19 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::node::labels::{BINDING_NAMESPACE_LABEL, BINDING_SESSION_LABEL, SESSION_LABEL, instance_of_provider_id};
 
+/// The writers of the watch caches the Context reads (`ctx.nodes`,
+/// `ctx.leases`, `ctx.commands`, `ctx.pods`); the controller's watches
+/// fill them.
+pub struct CacheWriters {
+    pub nodes: reflector::store::Writer<Node>,
+    pub leases: reflector::store::Writer<Lease>,
+    pub commands: reflector::store::Writer<Command>,
+    pub pods: reflector::store::Writer<Pod>,
+}
+
 /// Runs the controller until the process is asked to stop.
-pub async fn run(
-    ctx: Arc<Context>,
-    node_writer: reflector::store::Writer<Node>,
-    lease_writer: reflector::store::Writer<Lease>,
-    command_writer: reflector::store::Writer<Command>,
-    instance_changes: mpsc::Receiver<ObjectRef<Sandbox>>,
-) {
+pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mpsc::Receiver<ObjectRef<Sandbox>>) {
+    let CacheWriters { nodes: node_writer, leases: lease_writer, commands: command_writer, pods: pod_writer } = writers;
     let client = ctx.client.clone();
     let sandboxes: Api<Sandbox> = match ctx.settings.watch_namespaces.as_slice() {
         [one] => Api::namespaced(client.clone(), one),
@@ -58,10 +63,18 @@ pub async fn run(
         })
         .default_backoff()
         .applied_objects();
-    let pods = controllers::watch(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
-    );
+    // Cached: the pass that writes `running` reads the agent Pod from
+    // here, not from the apiserver (the Pod's own event woke it, and the
+    // reflector stores an event before passing it on).
+    let pods = reflector(
+        pod_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
+        ),
+    )
+    .default_backoff()
+    .applied_objects();
     let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
     let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
     let (serves2, serves3, serves4) = (serves.clone(), serves.clone(), serves.clone());
