@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod cut_proxy;
 pub mod ec2;
 pub mod ec2_faults;
+pub mod ec2_stub;
 pub mod error;
 pub mod eventbridge;
 pub mod gateway;

@@ -123,6 +123,13 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         Some(billing::record(&ctx.settings, &sandbox, &status, k8s_openapi::jiff::Timestamp::now().as_second()));
     status.observed_generation = sandbox.metadata.generation;
     status.conditions = conditions::ready(&current.conditions, &status, sandbox.metadata.generation);
+    // The pass that lets go of the node (the reset is complete, the
+    // instance is gone, so no worker can hand in another key): every
+    // hand-off from that node is sealed before the status says so, or the
+    // pass fails and is retried. Later passes know no node to look on.
+    if let (Some(attempt), None, Some(node)) = (status.attempt, &status.node_name, current.node_name.as_deref()) {
+        crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt).await?;
+    }
     if status != current {
         match write_status(&api, &sandbox, &status).await.map(|rv| ctx.wrote(&key, rv)) {
             // Decided from a copy older than the Sandbox now is (the cache
