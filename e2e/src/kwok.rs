@@ -29,14 +29,30 @@ impl Kwok {
     /// heartbeat, pod ready and delete) and no node Leases (nothing reads
     /// them without a controller manager). It opens no port.
     pub fn start(cp: &ControlPlane) -> Result<Self> {
+        Self::start_with(cp, true)
+    }
+
+    /// As `start`; without `node_heartbeat`, kwok writes a Node's status
+    /// once (Ready) and not every 20–45 s after: a kubelet reports an
+    /// unchanged status only every 5 minutes (its liveness is a Lease), so
+    /// at thousands of nodes the heartbeat Stage would load the apiserver
+    /// (and wake every Node watcher) far more than real nodes do.
+    pub fn start_with(cp: &ControlPlane, node_heartbeat: bool) -> Result<Self> {
         let bin = go_binary("kwok")?;
         let share = go_share("kwok", "kwok", "KWOK_VERSION")?;
         let dir = RunDir::new("hangar-kwok")?;
+        let mut stages = share.join("stages.yaml");
+        if !node_heartbeat {
+            let all = std::fs::read_to_string(&stages).map_err(crate::error::io("kwok stages"))?;
+            let kept: Vec<&str> = all.split("\n---").filter(|doc| !doc.contains("name: node-heartbeat")).collect();
+            stages = dir.path.join("stages.yaml");
+            std::fs::write(&stages, kept.join("\n---")).map_err(crate::error::io("kwok stages"))?;
+        }
         let mut cmd = Command::new(bin);
         // Its work dir, or it reads ~/.kwok/kwok.yaml.
         cmd.env("KWOK_WORKDIR", &dir.path).args([
             format!("--kubeconfig={}", cp.kubeconfig.display()),
-            format!("--config={}", share.join("stages.yaml").display()),
+            format!("--config={}", stages.display()),
             format!("--manage-nodes-with-annotation-selector={NODE_ANNOTATION}=fake"),
             "--cidr=10.0.0.0/16".into(),
             "--node-ip=10.1.0.1".into(),

@@ -21,6 +21,7 @@ pub mod gateway;
 pub mod images;
 pub mod imds;
 pub mod kwok;
+pub mod light_nodes;
 pub mod metrics_text;
 pub mod moto;
 pub mod node_sim;

@@ -19,7 +19,7 @@ pub fn sum(text: &str, metric: &str) -> Option<f64> {
 }
 
 /// (series, value) of each sample line; comments and blank lines skipped.
-fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+pub fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))

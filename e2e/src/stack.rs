@@ -51,6 +51,9 @@ pub struct StackOptions {
     /// More registry hosts for the operator's preflight, `(host, url)`,
     /// beside `registry.hangar.test` (the stack's own registry).
     pub registry_endpoints: Vec<(String, String)>,
+    /// The EC2 endpoint the operator calls instead of moto (the scale
+    /// benchmark's stub); moto and the node simulator still run, idle.
+    pub operator_ec2_endpoint: Option<String>,
 }
 
 impl LocalStack {
@@ -80,7 +83,8 @@ impl LocalStack {
             .chain(opts.registry_endpoints.iter().map(|(h, u)| format!("{h}={u}")))
             .collect::<Vec<_>>()
             .join(",");
-        let operator = OperatorProcess::start(&cp, &ec2_endpoint, &registries, &key_service, &env)?;
+        let operator_ec2 = opts.operator_ec2_endpoint.clone().unwrap_or_else(|| ec2_endpoint.clone());
+        let operator = OperatorProcess::start(&cp, &operator_ec2, &registries, &key_service, &env)?;
         let mut replicas = GatewayProcess::start_replicas(&cp, &cp.dir().join("output"), 2)?.into_iter();
         let (gateway, gateway_replica) = (replicas.next().expect("replica 0"), replicas.next().expect("replica 1"));
         let sim = NodeSimulator::start(SimConfig {

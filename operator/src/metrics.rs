@@ -47,6 +47,7 @@ pub struct Metrics {
     workspace_key_handover: Histogram,
     node_ready_to_running: Histogram,
     event_to_running: Histogram,
+    reconcile_duration: Histogram,
     workspace_closed_to_stop: Histogram,
     samples: Mutex<Samples>,
     /// Per session: when its node was first seen Ready in this attempt.
@@ -73,6 +74,9 @@ pub struct Samples {
     /// prerequisites arrived → phase running written: the operator's own
     /// overhead.
     pub event_to_running_ms: VecDeque<u64>,
+    /// One Sandbox reconcile, start to end (microseconds: most take less
+    /// than a millisecond).
+    pub reconcile_us: VecDeque<u64>,
     /// Worker reported workspace closed → StopInstances called.
     pub workspace_closed_to_stop_ms: VecDeque<u64>,
 }
@@ -104,6 +108,7 @@ impl Default for Metrics {
             workspace_key_handover: Histogram::new(latency_buckets()),
             node_ready_to_running: Histogram::new(latency_buckets()),
             event_to_running: Histogram::new(latency_buckets()),
+            reconcile_duration: Histogram::new(latency_buckets()),
             workspace_closed_to_stop: Histogram::new(latency_buckets()),
             samples: Mutex::default(),
             first_seen: Mutex::default(),
@@ -168,6 +173,12 @@ impl Metrics {
             "Last prerequisite watch event to phase running written",
             Unit::Seconds,
             self.event_to_running.clone(),
+        );
+        registry.register_with_unit(
+            "reconcile_duration",
+            "One Sandbox reconcile, start to end",
+            Unit::Seconds,
+            self.reconcile_duration.clone(),
         );
         registry.register_with_unit(
             "workspace_closed_to_stop",
@@ -239,6 +250,11 @@ impl Metrics {
     pub fn event_to_running(&self, ms: u64) {
         self.event_to_running.observe(ms as f64 / 1000.0);
         push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).event_to_running_ms, ms);
+    }
+
+    pub fn reconciled(&self, took: std::time::Duration) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+        push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).reconcile_us, took.as_micros() as u64);
     }
 
     pub fn workspace_closed_to_stop(&self, ms: u64) {

@@ -47,6 +47,7 @@ fn main() {
             worker_heartbeat_ms: Some(2000),
             ec2_transitions: None,
             registry_endpoints: vec![],
+            operator_ec2_endpoint: None,
         },
     )
     .expect("stack");

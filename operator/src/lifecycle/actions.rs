@@ -85,8 +85,18 @@ pub async fn execute(
             let pod = agent_pod::build(s.sandbox, s.session_id, &node, &image, supervisor, &settings.node_root);
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), s.namespace);
             match pods.create(&PostParams::default(), &pod).await {
-                Err(e) if !is_already_exists(&e) => Err(e.into()),
-                _ => Ok(()),
+                // The watch cache holds only Pods labelled as hangar's: the
+                // name is taken by ours from a pass the cache has not caught
+                // up with, or by a Pod someone else made (never adopted).
+                Err(e) if is_already_exists(&e) => {
+                    let name = agent_pod::pod_name(s.name);
+                    if pods.get_opt(&name).await?.is_some_and(|p| !agent_pod::is_ours(&p, s.session_id)) {
+                        agent_pod::warn_foreign(&name);
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(()),
             }
         }
         Action::StopInstance => {

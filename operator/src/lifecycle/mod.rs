@@ -37,7 +37,10 @@ pub(crate) async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Resul
     let ns = sandbox.namespace().unwrap_or_default();
     let name = sandbox.name_any();
     let span = info_span!("reconcile", namespace = %ns, sandbox = %name, phase = tracing::field::Empty);
-    reconcile_inner(sandbox, ctx, ns, name).instrument(span).await
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(sandbox, ctx.clone(), ns, name).instrument(span).await;
+    ctx.metrics.reconciled(started.elapsed());
+    result
 }
 
 async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, name: String) -> Result<Requeue> {

@@ -180,7 +180,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
             }
             Some(_) => {
                 // Never adopted: the session waits until the name is free.
-                tracing::warn!(pod = %agent_pod::pod_name(&name), "a Pod hangar did not create holds the agent Pod's name");
+                agent_pod::warn_foreign(&agent_pod::pod_name(&name));
                 AgentState::Absent
             }
         }

@@ -41,6 +41,12 @@ pub fn pod_name(sandbox: &str) -> String {
     format!("hangar-agent-{sandbox}")
 }
 
+/// Says (once per pass that finds it) that a Pod someone else created
+/// holds the agent Pod's name: the session waits until the name is free.
+pub fn warn_foreign(pod_name: &str) {
+    tracing::warn!(pod = %pod_name, "a Pod hangar did not create holds the agent Pod's name");
+}
+
 /// Whether `pod` is the agent Pod this operator made for the session whose
 /// Sandbox has uid `session_id`: its controller is that Sandbox. A Pod
 /// someone else created under the same name is never taken for it.

@@ -1,0 +1,202 @@
+//! Light session nodes for the scale benchmark: for each instance the EC2
+//! stub runs, only what the operator observes of a session node, with no
+//! worker or supervisor process: a kwok Node carrying the instance's
+//! providerID (kwok keeps it Ready and runs the agent Pod bound to it) and
+//! the worker's heartbeat Lease (the session's id and attempt, and on a
+//! pause the workspace-closed annotations). At 5,000 sessions a process
+//! pair per node would measure the machine, not the operator.
+//!
+//! What this leaves out of the operator's load, next to real workers: the
+//! commands feed's long-polls, the workspace-key requests at each boot and
+//! the output-key hand-off (one create per attempt).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use hangar_crds::{Phase, Sandbox, heartbeat};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{Mutex, mpsc};
+
+use crate::ec2_stub::{Change, InstanceState};
+
+/// The instance's session, from its tags.
+#[derive(Clone, Debug)]
+struct Session {
+    namespace: String,
+    sandbox: String,
+    session_id: String,
+}
+
+impl Session {
+    fn of(c: &Change) -> Option<Self> {
+        Some(Self {
+            namespace: c.tags.get("hangar.dev/namespace")?.clone(),
+            sandbox: c.tags.get("hangar.dev/sandbox")?.clone(),
+            session_id: c.tags.get("hangar.dev/session-id")?.clone(),
+        })
+    }
+}
+
+/// (namespace, Sandbox) → the node (running instance) writing its
+/// heartbeat, and the session.
+type Beating = Arc<Mutex<BTreeMap<(String, String), (String, Session)>>>;
+
+pub struct LightNodes {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl LightNodes {
+    /// Follows the stub's instance changes; renews every running node's
+    /// Lease every `renew` and on each change of its Sandbox.
+    pub async fn start(
+        client: kube::Client,
+        system_namespace: &str,
+        mut changes: mpsc::UnboundedReceiver<Change>,
+        renew: Duration,
+    ) -> Self {
+        let beating: Beating = Arc::default();
+        let (sandboxes, writer) = reflector::store::<Sandbox>();
+        let leases: Api<Lease> = Api::namespaced(client.clone(), system_namespace);
+        let nodes: Api<Node> = Api::all(client.clone());
+
+        // The Sandboxes, for each session's attempt and phase; a change
+        // is written to its node's Lease at once (a pause is answered as
+        // soon as the worker would close the workspace).
+        let (b, l, s) = (beating.clone(), leases.clone(), sandboxes.clone());
+        let watch = tokio::spawn(async move {
+            let stream = reflector::reflector(writer, watcher(Api::<Sandbox>::all(client), watcher::Config::default()))
+                .default_backoff()
+                .applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(Ok(sbx)) = stream.next().await {
+                let (ns, name) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
+                let node = b.lock().await.get(&(ns, name)).cloned();
+                if let Some((node, session)) = node {
+                    beat(&l, &s, &node, &session).await;
+                }
+            }
+        });
+
+        let (b, l, s) = (beating.clone(), leases.clone(), sandboxes.clone());
+        let follow = tokio::spawn(async move {
+            while let Some(c) = changes.recv().await {
+                let Some(session) = Session::of(&c) else { continue };
+                let node = c.instance_id.clone();
+                let key = (session.namespace.clone(), session.sandbox.clone());
+                match c.state {
+                    InstanceState::Running => {
+                        ensure_node(&nodes, &node, &c.zone).await;
+                        beat(&l, &s, &node, &session).await;
+                        b.lock().await.insert(key, (node, session));
+                    }
+                    // Stopped: the worker is gone; the Node stays (a kubelet's
+                    // Node outlives a stop).
+                    InstanceState::Stopping | InstanceState::Stopped => {
+                        b.lock().await.remove(&key);
+                    }
+                    InstanceState::ShuttingDown | InstanceState::Terminated => {
+                        b.lock().await.remove(&key);
+                        let _ = nodes.delete(&node, &DeleteParams::default()).await;
+                        let _ = l.delete(&heartbeat::lease_name(&node), &DeleteParams::default()).await;
+                    }
+                    InstanceState::Pending => {}
+                }
+            }
+        });
+
+        let renewing = tokio::spawn(async move {
+            let mut every = tokio::time::interval(renew);
+            loop {
+                every.tick().await;
+                let all: Vec<(String, Session)> = beating.lock().await.values().cloned().collect();
+                for (node, session) in all {
+                    beat(&leases, &sandboxes, &node, &session).await;
+                }
+            }
+        });
+        Self { tasks: vec![watch, follow, renewing] }
+    }
+}
+
+impl Drop for LightNodes {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A kwok Node for the instance (kwok marks it Ready and runs its Pods).
+async fn ensure_node(nodes: &Api<Node>, name: &str, zone: &str) {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            annotations: Some(BTreeMap::from([(crate::kwok::NODE_ANNOTATION.to_owned(), "fake".to_owned())])),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/arch".to_owned(), "arm64".to_owned()),
+                ("type".to_owned(), "kwok".to_owned()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec { provider_id: Some(format!("aws:///{zone}/{name}")), ..Default::default() }),
+        ..Default::default()
+    };
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => tracing::warn!(node = name, error = %e, "light node: creating the Node"),
+    }
+}
+
+/// Writes the node's heartbeat as the worker would: its session's id and
+/// current attempt, and while the session pauses, the workspace closed for
+/// that attempt (a light node has no commands to drain).
+async fn beat(leases: &Api<Lease>, sandboxes: &Store<Sandbox>, node: &str, session: &Session) {
+    let Some(sbx) = sandboxes.get(&ObjectRef::new(&session.sandbox).within(&session.namespace)) else { return };
+    if sbx.uid().as_deref() != Some(session.session_id.as_str()) {
+        return;
+    }
+    let status = sbx.status.clone().unwrap_or_default();
+    if matches!(status.phase, Some(Phase::Ended | Phase::Failed | Phase::Stopping | Phase::ResetIncomplete)) {
+        return;
+    }
+    let attempt = status.attempt.unwrap_or(1).to_string();
+    let mut annotations = BTreeMap::from([
+        (heartbeat::SESSION_ID.to_owned(), session.session_id.clone()),
+        (heartbeat::ATTEMPT.to_owned(), attempt.clone()),
+        (heartbeat::SANDBOX.to_owned(), format!("{}/{}", session.namespace, session.sandbox)),
+    ]);
+    if status.phase == Some(Phase::Pausing) {
+        annotations.insert(heartbeat::WORKSPACE_CLOSED.to_owned(), attempt);
+        annotations.insert(heartbeat::WORKSPACE_CLOSED_AT.to_owned(), Timestamp::now().to_string());
+    }
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(heartbeat::lease_name(node)),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.to_owned()),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            lease_duration_seconds: Some(60),
+            ..Default::default()
+        }),
+    };
+    let mut value = serde_json::to_value(&lease).expect("a Lease serialises");
+    value["apiVersion"] = "coordination.k8s.io/v1".into();
+    value["kind"] = "Lease".into();
+    let params = PatchParams::apply("hangar-worker").force();
+    if let Err(e) = leases.patch(&heartbeat::lease_name(node), &params, &Patch::Apply(&value)).await {
+        tracing::warn!(node, error = %e, "light node: writing the heartbeat");
+    }
+}
