@@ -67,7 +67,7 @@ async fn apiserver_requests(client: &kube::Client) -> f64 {
 }
 
 fn reconciles(stack: &LocalStack) -> f64 {
-    hangar_e2e::metrics_text::value(&stack.operator().metrics(), "reconciles_total").unwrap_or(0.0)
+    hangar_e2e::metrics_text::value(&stack.operator().metrics(), "hangar_reconciles_total").unwrap_or(0.0)
 }
 
 async fn run(
