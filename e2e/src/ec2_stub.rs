@@ -25,19 +25,18 @@ use tokio::sync::mpsc;
 const XMLNS: &str = "http://ec2.amazonaws.com/doc/2016-11-15/";
 const OWNER: &str = "123456789012";
 
-/// An instance's state, with EC2's name and code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InstanceState {
-    Pending,
-    Running,
-    Stopping,
-    Stopped,
-    ShuttingDown,
-    Terminated,
+/// The phase machine's instance states (EC2's), with EC2's name and code.
+pub use hangar_core::session::instance::InstanceState;
+
+trait OnTheWire {
+    fn name(self) -> &'static str;
+    fn code(self) -> u16;
+    /// Where a state in transition ends.
+    fn settled(self) -> Self;
 }
 
-impl InstanceState {
-    pub fn name(self) -> &'static str {
+impl OnTheWire for InstanceState {
+    fn name(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Running => "running",
@@ -59,7 +58,6 @@ impl InstanceState {
         }
     }
 
-    /// Where a state in transition ends.
     fn settled(self) -> Self {
         match self {
             Self::Pending => Self::Running,
