@@ -6,19 +6,20 @@
 //! pause the workspace-closed annotations). At 5,000 sessions a process
 //! pair per node would measure the machine, not the operator.
 //!
-//! What this leaves out of the operator's load, next to real workers: the
-//! commands feed's long-polls, the workspace-key requests at each boot and
-//! the output-key hand-off (one create per attempt).
+//! Like the worker, each attempt's output key is handed in once (a Secret
+//! create per attempt); the operator seals it. What this leaves out of the
+//! operator's load, next to real workers: the commands feed's long-polls
+//! and the workspace-key requests at each boot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use hangar_crds::{Phase, Sandbox, heartbeat};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use hangar_crds::{Phase, Sandbox, heartbeat, output_keys};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -50,6 +51,16 @@ impl Session {
 /// heartbeat, and the session.
 type Beating = Arc<Mutex<BTreeMap<(String, String), (String, Session)>>>;
 
+/// What a light node writes with: its heartbeat, and its attempts' output
+/// keys (each handed in once, as the worker does).
+#[derive(Clone)]
+struct Writer {
+    leases: Api<Lease>,
+    secrets: Api<Secret>,
+    sandboxes: Store<Sandbox>,
+    handed: Arc<std::sync::Mutex<HashSet<String>>>,
+}
+
 pub struct LightNodes {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -67,11 +78,17 @@ impl LightNodes {
         let (sandboxes, writer) = reflector::store::<Sandbox>();
         let leases: Api<Lease> = Api::namespaced(client.clone(), system_namespace);
         let nodes: Api<Node> = Api::all(client.clone());
+        let w = Writer {
+            leases: leases.clone(),
+            secrets: Api::namespaced(client.clone(), system_namespace),
+            sandboxes,
+            handed: Arc::default(),
+        };
 
         // The Sandboxes, for each session's attempt and phase; a change
         // is written to its node's Lease at once (a pause is answered as
         // soon as the worker would close the workspace).
-        let (b, l, s) = (beating.clone(), leases.clone(), sandboxes.clone());
+        let (b, wr) = (beating.clone(), w.clone());
         let watch = tokio::spawn(async move {
             let stream = reflector::reflector(writer, watcher(Api::<Sandbox>::all(client), watcher::Config::default()))
                 .default_backoff()
@@ -81,12 +98,12 @@ impl LightNodes {
                 let (ns, name) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
                 let node = b.lock().await.get(&(ns, name)).cloned();
                 if let Some((node, session)) = node {
-                    beat(&l, &s, &node, &session).await;
+                    beat(&wr, &node, &session).await;
                 }
             }
         });
 
-        let (b, l, s) = (beating.clone(), leases.clone(), sandboxes.clone());
+        let (b, wr) = (beating.clone(), w.clone());
         let follow = tokio::spawn(async move {
             while let Some(c) = changes.recv().await {
                 let Some(session) = Session::of(&c) else { continue };
@@ -95,7 +112,7 @@ impl LightNodes {
                 match c.state {
                     InstanceState::Running => {
                         ensure_node(&nodes, &node, &c.zone).await;
-                        beat(&l, &s, &node, &session).await;
+                        beat(&wr, &node, &session).await;
                         b.lock().await.insert(key, (node, session));
                     }
                     // Stopped: the worker is gone; the Node stays (a kubelet's
@@ -106,7 +123,7 @@ impl LightNodes {
                     InstanceState::ShuttingDown | InstanceState::Terminated => {
                         b.lock().await.remove(&key);
                         let _ = nodes.delete(&node, &DeleteParams::default()).await;
-                        let _ = l.delete(&heartbeat::lease_name(&node), &DeleteParams::default()).await;
+                        let _ = leases.delete(&heartbeat::lease_name(&node), &DeleteParams::default()).await;
                     }
                     InstanceState::Pending => {}
                 }
@@ -119,7 +136,7 @@ impl LightNodes {
                 every.tick().await;
                 let all: Vec<(String, Session)> = beating.lock().await.values().cloned().collect();
                 for (node, session) in all {
-                    beat(&leases, &sandboxes, &node, &session).await;
+                    beat(&w, &node, &session).await;
                 }
             }
         });
@@ -160,8 +177,8 @@ async fn ensure_node(nodes: &Api<Node>, name: &str, zone: &str) {
 /// Writes the node's heartbeat as the worker would: its session's id and
 /// current attempt, and while the session pauses, the workspace closed for
 /// that attempt (a light node has no commands to drain).
-async fn beat(leases: &Api<Lease>, sandboxes: &Store<Sandbox>, node: &str, session: &Session) {
-    let Some(sbx) = sandboxes.get(&ObjectRef::new(&session.sandbox).within(&session.namespace)) else { return };
+async fn beat(w: &Writer, node: &str, session: &Session) {
+    let Some(sbx) = w.sandboxes.get(&ObjectRef::new(&session.sandbox).within(&session.namespace)) else { return };
     if sbx.uid().as_deref() != Some(session.session_id.as_str()) {
         return;
     }
@@ -169,34 +186,49 @@ async fn beat(leases: &Api<Lease>, sandboxes: &Store<Sandbox>, node: &str, sessi
     if matches!(status.phase, Some(Phase::Ended | Phase::Failed | Phase::Stopping | Phase::ResetIncomplete)) {
         return;
     }
-    let attempt = status.attempt.unwrap_or(1).to_string();
-    let mut annotations = BTreeMap::from([
-        (heartbeat::SESSION_ID.to_owned(), session.session_id.clone()),
-        (heartbeat::ATTEMPT.to_owned(), attempt.clone()),
-        (heartbeat::SANDBOX.to_owned(), format!("{}/{}", session.namespace, session.sandbox)),
-    ]);
-    if status.phase == Some(Phase::Pausing) {
-        annotations.insert(heartbeat::WORKSPACE_CLOSED.to_owned(), attempt);
-        annotations.insert(heartbeat::WORKSPACE_CLOSED_AT.to_owned(), Timestamp::now().to_string());
+    let attempt = status.attempt.unwrap_or(1);
+    let closed = (status.phase == Some(Phase::Pausing)).then(|| (attempt, Timestamp::now()));
+    let beat = heartbeat::Beat {
+        node,
+        session_id: &session.session_id,
+        namespace: &session.namespace,
+        name: &session.sandbox,
+        attempt,
+        closed,
+    };
+    let value = heartbeat::lease_apply(&beat);
+    let params = PatchParams::apply("hangar-worker").force();
+    if let Err(e) = w.leases.patch(&heartbeat::lease_name(node), &params, &Patch::Apply(&value)).await {
+        tracing::warn!(node, error = %e, "light node: writing the heartbeat");
     }
-    let lease = Lease {
+    if status.phase == Some(Phase::Running) {
+        hand_in_key(w, node, &session.session_id, attempt).await;
+    }
+}
+
+/// The attempt's output key, handed in once as the worker does when the
+/// attempt starts running.
+async fn hand_in_key(w: &Writer, node: &str, session_id: &str, attempt: i64) {
+    let name = output_keys::handoff_secret_name(node, session_id, attempt);
+    if !w.handed.lock().expect("handed").insert(name.clone()) {
+        return;
+    }
+    let key = hangar_output::random_bytes::<32>().expect("random key");
+    let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(heartbeat::lease_name(node)),
-            annotations: Some(annotations),
+            name: Some(name),
+            labels: Some(BTreeMap::from([
+                (output_keys::SESSION_ID_LABEL.to_owned(), session_id.to_owned()),
+                (output_keys::ATTEMPT_LABEL.to_owned(), attempt.to_string()),
+            ])),
             ..Default::default()
         },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(node.to_owned()),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            lease_duration_seconds: Some(60),
-            ..Default::default()
-        }),
+        data: Some(BTreeMap::from([(output_keys::HANDOFF_KEY.to_owned(), ByteString(key.to_vec()))])),
+        ..Default::default()
     };
-    let mut value = serde_json::to_value(&lease).expect("a Lease serialises");
-    value["apiVersion"] = "coordination.k8s.io/v1".into();
-    value["kind"] = "Lease".into();
-    let params = PatchParams::apply("hangar-worker").force();
-    if let Err(e) = leases.patch(&heartbeat::lease_name(node), &params, &Patch::Apply(&value)).await {
-        tracing::warn!(node, error = %e, "light node: writing the heartbeat");
+    match w.secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => tracing::warn!(node, error = %e, "light node: handing in the output key"),
     }
 }

@@ -535,6 +535,9 @@ fn chart_installs_and_grants_least_privilege() {
     no(op, &["bind", "clusterroles/cluster-admin"]);
     no(op, &["update", "configmaps", "-n", "team-a"]);
     no(op, &["list", "secrets", "-n", "team-a"]);
+    // It watches the hand-offs' names in its own namespace, no tenant's.
+    yes(op, &["watch", "secrets", "-n", "hangar-system"]);
+    no(op, &["watch", "secrets", "-n", "team-a"]);
     no(op, &["delete", "nodes"]);
     no(op, &["delete", "sandboxes.hangar.dev", "-n", "team-a"]);
     no(op, &["update", "sandboxes.hangar.dev", "-n", "team-a"]);

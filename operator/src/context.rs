@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::Client;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
@@ -25,6 +26,9 @@ pub struct Context {
     pub commands: Store<hangar_crds::Command>,
     /// The Pods hangar manages (agent Pods, by label).
     pub pods: Store<Pod>,
+    /// The workers' output-key hand-offs, names only (no key material is
+    /// held here): whether one is there to seal, without a read.
+    pub handoffs: Store<PartialObjectMeta<Secret>>,
     /// Where the signed session certificates are kept.
     pub output_store: hangar_output::OutputStore,
     /// Seals the workspace keys (the operator's alone).

@@ -128,6 +128,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let (leases, lease_writer) = reflector::store();
     let (commands, command_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
+    let (handoffs, handoff_writer) = reflector::store();
     let recorder = Recorder::new(
         client.clone(),
         Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
@@ -141,6 +142,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         leases,
         commands,
         pods,
+        handoffs,
         org_key,
         output_kek,
         output_store,
@@ -193,6 +195,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         leases: lease_writer,
         commands: command_writer,
         pods: pod_writer,
+        handoffs: handoff_writer,
     };
     let sessions = lifecycle::run(ctx, writers, changes_rx);
     let controller = async move {

@@ -11,17 +11,44 @@ use hangar_crds::output_keys::{self, HANDOFF_KEY, SESSION_ID_LABEL};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
 use crate::context::Context;
 use crate::error::Result;
 
+/// How `seal_handoffs` learns whether a hand-off is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// From the watch cache of hand-off names (`ctx.handoffs`), once it has
+    /// listed: a pass of a running session makes no apiserver read while
+    /// its worker has handed nothing in (a hand-off's arrival wakes the
+    /// session, so it is sealed at once).
+    Cached,
+    /// From the apiserver: the pass that lets go of the node, which must
+    /// not miss one the cache has not shown yet.
+    Read,
+}
+
 /// Seals every hand-off of attempts `1..=attempt` not settled yet. An
 /// earlier attempt with no hand-off is settled too: its instance stopped,
 /// so no worker can hand its key in any more, and it is not looked for on
 /// every later reconcile.
-pub async fn seal_handoffs(ctx: &Context, session_id: &str, node_name: &str, attempt: i64) -> Result<()> {
-    let pending: Vec<i64> = (1..=attempt).filter(|a| !ctx.is_sealed(session_id, *a)).collect();
+pub async fn seal_handoffs(
+    ctx: &Context,
+    session_id: &str,
+    node_name: &str,
+    attempt: i64,
+    lookup: Lookup,
+) -> Result<()> {
+    let cached = lookup == Lookup::Cached && hangar_runtime::kube_ext::has_listed(&ctx.handoffs);
+    let namespace = ctx.settings.system_namespace.as_str();
+    let handed_in = |a: i64| {
+        let name = output_keys::handoff_secret_name(node_name, session_id, a);
+        ctx.handoffs.get(&ObjectRef::new(&name).within(namespace)).is_some()
+    };
+    let pending: Vec<i64> =
+        (1..=attempt).filter(|a| !ctx.is_sealed(session_id, *a)).filter(|a| !cached || handed_in(*a)).collect();
     if pending.is_empty() {
         return Ok(());
     }

@@ -13,7 +13,6 @@
 
 use hangar_worker::{commands, workspace, workspace_key};
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,9 +20,8 @@ use futures::StreamExt;
 use hangar_crds::{Phase, Sandbox, heartbeat};
 use hangar_runtime::admin;
 use hangar_worker::metrics::WorkerMetrics;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -327,31 +325,7 @@ async fn renew(
     attempt: i64,
     closed: Option<(i64, Timestamp)>,
 ) -> Result<(), Error> {
-    let mut annotations = BTreeMap::from([
-        (heartbeat::ATTEMPT.to_owned(), attempt.to_string()),
-        (heartbeat::SANDBOX.to_owned(), format!("{ns}/{name}")),
-        (heartbeat::SESSION_ID.to_owned(), session_id.to_owned()),
-    ]);
-    if let Some((a, at)) = closed {
-        annotations.insert(heartbeat::WORKSPACE_CLOSED.to_owned(), a.to_string());
-        annotations.insert(heartbeat::WORKSPACE_CLOSED_AT.to_owned(), at.to_string());
-    }
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(heartbeat::lease_name(node)),
-            annotations: Some(annotations),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(node.to_owned()),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            lease_duration_seconds: Some(60),
-            ..Default::default()
-        }),
-    };
-    let mut patch = serde_json::to_value(&lease).unwrap_or_default();
-    patch["apiVersion"] = json!("coordination.k8s.io/v1");
-    patch["kind"] = json!("Lease");
+    let patch = heartbeat::lease_apply(&heartbeat::Beat { node, session_id, namespace: ns, name, attempt, closed });
     leases
         .patch(&heartbeat::lease_name(node), &PatchParams::apply("hangar-worker").force(), &Patch::Apply(&patch))
         .await?;

@@ -12,7 +12,7 @@
 //!
 //! `scale-bench [N]` (default 5,000).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,14 +56,42 @@ fn main() {
     rt.block_on(run(&stack, &kwok, &stub, changes, n));
 }
 
-/// The apiserver's requests served so far, all verbs and resources.
-async fn apiserver_requests(client: &kube::Client) -> f64 {
+/// The apiserver's requests served so far, by "VERB resource[/subresource]".
+async fn apiserver_requests(client: &kube::Client) -> BTreeMap<String, f64> {
     let req = http::Request::get("/metrics").body(Vec::new()).expect("request");
     let text = client.request_text(req).await.expect("apiserver /metrics");
-    hangar_e2e::metrics_text::samples(&text)
-        .filter(|(s, _)| s.starts_with("apiserver_request_total{"))
-        .map(|(_, v)| v)
-        .sum()
+    let mut by_kind = BTreeMap::new();
+    for (series, v) in hangar_e2e::metrics_text::samples(&text) {
+        let Some(labels) = series.strip_prefix("apiserver_request_total{") else { continue };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix("=\"")?.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let sub = label("subresource");
+        let kind =
+            format!("{} {}{}", label("verb"), label("resource"), if sub.is_empty() { sub } else { format!("/{sub}") });
+        *by_kind.entry(kind).or_insert(0.0) += v;
+    }
+    by_kind
+}
+
+/// Requests per `per` (e.g. per session) between two readings, by kind,
+/// most first.
+fn delta_by_kind(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, per: f64) -> Vec<(String, f64)> {
+    let mut d: Vec<(String, f64)> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - before.get(k).copied().unwrap_or(0.0)) / per))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    d.sort_by(|a, b| b.1.total_cmp(&a.1));
+    d
+}
+
+fn top(by_kind: &[(String, f64)], n: usize) -> String {
+    by_kind.iter().take(n).map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join("; ")
 }
 
 fn reconciles(stack: &LocalStack) -> f64 {
@@ -98,6 +126,18 @@ async fn run(
         }),
     );
 
+    // Who is busy while the sessions come up: what bounds the ramp.
+    let (apiserver, etcd) = stack.cp.pids();
+    let operator = stack.operator().pid().expect("operator pid");
+    let busy: [(&str, u32); 5] = [
+        ("operator", operator),
+        ("kube-apiserver", apiserver),
+        ("etcd", etcd),
+        ("kwok", kwok.pid()),
+        ("this harness", std::process::id()),
+    ];
+    let ramp_cpu0: Vec<f64> = busy.iter().map(|(_, pid)| cpu_seconds(*pid)).collect();
+    let ramp_api0 = apiserver_requests(&client).await;
     eprintln!("scale-bench: creating {n} sessions, 32 at a time");
     let started = Instant::now();
     let mut created_at = HashMap::new();
@@ -132,12 +172,21 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let all_running = started.elapsed();
+    let ramp_api = delta_by_kind(&ramp_api0, &apiserver_requests(&client).await, n as f64);
+    let ramp_cores: Vec<String> = busy
+        .iter()
+        .zip(&ramp_cpu0)
+        .map(|((what, pid), c0)| format!("{what} {:.2}", (cpu_seconds(*pid) - c0) / all_running.as_secs_f64()))
+        .collect();
     let latencies: Vec<u64> = {
         let at = running_at.lock().expect("running");
         created_at.iter().map(|(name, c)| at[name].duration_since(*c).as_millis() as u64).collect()
     };
 
-    eprintln!("scale-bench: all running; a steady minute");
+    // The light nodes hand in each attempt's output key on a renewal
+    // after `running`, and the operator seals it: let that pass first.
+    eprintln!("scale-bench: all running; settling for two renewals, then a steady minute");
+    tokio::time::sleep(2 * RENEW).await;
     let pid = stack.operator().pid().expect("operator pid");
     let samples_before = stack.operator().samples()["reconcile_us"].as_array().map(Vec::len).unwrap_or(0);
     let (cpu0, api0, rec0, ec2_0, t0) = (
@@ -150,7 +199,9 @@ async fn run(
     tokio::time::sleep(STEADY).await;
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
     let cpu = (cpu_seconds(pid) - cpu0) / t0.elapsed().as_secs_f64();
-    let api_per = (apiserver_requests(&client).await - api0) / n as f64 / minutes;
+    let api1 = apiserver_requests(&client).await;
+    let per_kind = delta_by_kind(&api0, &api1, n as f64 * minutes);
+    let api_per: f64 = per_kind.iter().map(|(_, v)| v).sum();
     let heartbeats_per = 60.0 / RENEW.as_secs_f64();
     let rec_per = (reconciles(stack) - rec0) / n as f64 / minutes;
     let ec2_per_min = (stub.calls().values().sum::<u64>() - ec2_0) as f64 / minutes;
@@ -173,6 +224,12 @@ async fn run(
     println!("| --- | --- | --- |");
     println!("| created (s) / all running (s) | {:.1} / {:.1} | |", created.as_secs_f64(), all_running.as_secs_f64());
     println!("| sessions running per second | {:.1} | |", n as f64 / all_running.as_secs_f64());
+    println!("| cores busy while they came up, by process | {} | |", ramp_cores.join("; "));
+    let ramp_total: f64 = ramp_api.iter().map(|(_, v)| v).sum();
+    println!(
+        "| apiserver requests per session to come up: all / by kind (top 10) | {ramp_total:.1} / {} | |",
+        top(&ramp_api, 10)
+    );
     println!("| created → running p50 / p99 (ms) | {} / {} | |", pct(latencies.clone(), 0.5), pct(latencies, 0.99));
     println!("| operator RSS, {n} running (MiB) | {rss:.1} | < 512 |");
     println!("| operator CPU, steady (cores) | {cpu:.3} | < 0.5 |");
@@ -190,5 +247,6 @@ async fn run(
     println!("| EC2 calls per minute (all sessions) | {ec2_per_min:.1} | |");
     println!("| kwok RSS (MiB) | {kwok_rss:.1} | |");
     println!("| instances by state | {:?} | |", stub.instances_by_state());
+    println!("| apiserver requests per session per minute, by kind (top 8) | {} | |", top(&per_kind, 8));
     print_after(&load);
 }

@@ -28,6 +28,7 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::output_keys::Lookup;
 use crate::own_writes::CacheView;
 use crate::sandbox_status::write_status;
 use actions::Session;
@@ -131,7 +132,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     // hand-off from that node is sealed before the status says so, or the
     // pass fails and is retried. Later passes know no node to look on.
     if let (Some(attempt), None, Some(node)) = (status.attempt, &status.node_name, current.node_name.as_deref()) {
-        crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt).await?;
+        crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt, Lookup::Read).await?;
     }
     if status != current {
         match write_status(&api, &sandbox, &status).await.map(|rv| ctx.wrote(&key, rv)) {
@@ -155,8 +156,8 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         // After the status is written (nothing in it waits on this), so
         // its reads are not on the path to `running`. Best effort; the
         // next reconcile (heartbeats bring one every few seconds) tries
-        // again.
-        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt).await {
+        // again. Looked up in the cache: a hand-off's arrival wakes us.
+        if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt, Lookup::Cached).await {
             warn!(error = %e, "could not seal an output key yet");
         }
     }

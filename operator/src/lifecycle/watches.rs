@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use hangar_crds::{Command, Sandbox, heartbeat};
+use hangar_crds::{Command, Sandbox, heartbeat, output_keys};
 use hangar_runtime::controllers;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -23,18 +24,25 @@ use crate::error::Error;
 use crate::node::labels::{BINDING_NAMESPACE_LABEL, BINDING_SESSION_LABEL, SESSION_LABEL, instance_of_provider_id};
 
 /// The writers of the watch caches the Context reads (`ctx.nodes`,
-/// `ctx.leases`, `ctx.commands`, `ctx.pods`); the controller's watches
-/// fill them.
+/// `ctx.leases`, `ctx.commands`, `ctx.pods`, `ctx.handoffs`); the
+/// controller's watches fill them.
 pub struct CacheWriters {
     pub nodes: reflector::store::Writer<Node>,
     pub leases: reflector::store::Writer<Lease>,
     pub commands: reflector::store::Writer<Command>,
     pub pods: reflector::store::Writer<Pod>,
+    pub handoffs: reflector::store::Writer<PartialObjectMeta<Secret>>,
 }
 
 /// Runs the controller until the process is asked to stop.
 pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mpsc::Receiver<ObjectRef<Sandbox>>) {
-    let CacheWriters { nodes: node_writer, leases: lease_writer, commands: command_writer, pods: pod_writer } = writers;
+    let CacheWriters {
+        nodes: node_writer,
+        leases: lease_writer,
+        commands: command_writer,
+        pods: pod_writer,
+        handoffs: handoff_writer,
+    } = writers;
     let client = ctx.client.clone();
     let sandboxes: Api<Sandbox> = match ctx.settings.watch_namespaces.as_slice() {
         [one] => Api::namespaced(client.clone(), one),
@@ -75,13 +83,24 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
     )
     .default_backoff()
     .applied_objects();
+    // Names only (metadata): the hand-offs hold raw output keys, which stay
+    // out of the operator's memory until it seals one.
+    let handoffs = reflector(
+        handoff_writer,
+        watcher(
+            Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), &ctx.settings.system_namespace),
+            watcher::Config::default().labels(output_keys::ATTEMPT_LABEL),
+        ),
+    )
+    .default_backoff()
+    .applied_objects();
     let watched: Vec<String> = ctx.settings.watch_namespaces.clone();
     let serves = move |ns: &str| watched.is_empty() || watched.iter().any(|w| w == ns);
     let (serves2, serves3, serves4) = (serves.clone(), serves.clone(), serves.clone());
     let instances = ctx.instances.clone();
     // Each mapper notes when its event arrived, for the benchmark's
     // "last watch event → running" figure.
-    let (m1, m2, m3) = (ctx.clone(), ctx.clone(), ctx.clone());
+    let (m1, m2, m3, m4) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
 
     let controller = controllers::controller(sandboxes, watcher::Config::default().any_semantic());
     // Command admission reads the Sandboxes from the same cache.
@@ -110,6 +129,14 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
         .watches_stream(leases, move |lease: Lease| {
             let (ns, name) = lease.annotations().get(heartbeat::SANDBOX)?.split_once('/')?;
             serves2(ns).then(|| m2.metrics.triggered(ns, name)).map(|_| ObjectRef::new(name).within(ns))
+        })
+        // A worker handed in its attempt's output key: seal it now (the
+        // gateway waits for the sealed key to read that attempt's output).
+        .watches_stream(handoffs, move |handoff: PartialObjectMeta<Secret>| {
+            let session_id = handoff.labels().get(output_keys::SESSION_ID_LABEL)?;
+            let sandboxes = m4.sandboxes.get()?;
+            let sandbox = sandboxes.find(|s| s.metadata.uid.as_ref() == Some(session_id))?;
+            Some(ObjectRef::from_obj(&*sandbox))
         })
         // A command's status moves its session's counts.
         .watches_stream(commands, move |c: Command| {
