@@ -7,7 +7,7 @@ export HANGAR_CACHE ?= $(HOME)/.cache/hangar
 export CARGO_TARGET_DIR ?= $(HANGAR_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: up test crds bench deps binaries real-node moto system-packages images help
+.PHONY: up test crds bench bench-scale deps binaries real-node moto system-packages images help
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
@@ -15,6 +15,8 @@ help:
 	@echo "make test   every test, from nothing"
 	@echo "make crds   regenerate the CRD YAML (crds/manifests, both charts) from the Rust types"
 	@echo "make bench  the benchmarks (bench profile), each figure with its ratio to a baseline; RUNS=3"
+	@echo "make bench-scale  SESSIONS=5000 on one operator replica (kwok nodes), leader failover, and"
+	@echo "            kubernetes-sigs/agent-sandbox's controller on the same kind of stack; SANDBOXES=1000"
 
 ## Build what is missing (progress on stderr), then run until Ctrl-C.
 ## NODE=real: hangar installed by Helm onto a real kubelet from its own
@@ -82,3 +84,20 @@ bench: deps
 	$(CARGO_TARGET_DIR)/release/interruption-bench
 	$(CARGO_TARGET_DIR)/release/preflight-bench
 	$(CARGO_TARGET_DIR)/release/key-handover-bench
+
+## Scale (bench profile): SESSIONS concurrent sessions on one operator
+## replica with kwok nodes and the in-memory EC2 stub, then leader failover
+## with two replicas (scale-bench); kubernetes-sigs/agent-sandbox's
+## controller with SANDBOXES Sandboxes on kwok nodes, side by side
+## (agent-sandbox-bench). kwok and the agent-sandbox controller are built
+## from their Go modules.
+## HEARTBEAT: the light nodes' renewal (s); at 10 (the worker's default)
+## 5,000 nodes write more Leases than this machine's apiserver serves.
+SESSIONS ?= 5000
+HEARTBEAT ?= 30
+SANDBOXES ?= 1000
+bench-scale: deps
+	@bash e2e/scripts/build-binaries.sh kwok agent-sandbox >/dev/null
+	$(CARGO) build --profile bench --workspace --bins
+	$(CARGO_TARGET_DIR)/release/scale-bench $(SESSIONS) $(HEARTBEAT)
+	$(CARGO_TARGET_DIR)/release/agent-sandbox-bench $(SANDBOXES) 10

@@ -32,27 +32,34 @@ impl AgentSandboxController {
     pub fn start(cp: &ControlPlane) -> Result<Self> {
         let bin = go_binary("agent-sandbox-controller")?;
         let share = go_share("agent-sandbox-controller", "agent-sandbox", "AGENT_SANDBOX_VERSION")?;
-        for args in [
-            vec![
-                "apply".to_owned(),
-                "--server-side".into(),
-                "-f".into(),
-                share.join("sandboxes.yaml").display().to_string(),
-            ],
-            vec![
-                "wait".into(),
-                "--for=condition=Established".into(),
-                "--timeout=60s".into(),
-                "crd/sandboxes.agents.x-k8s.io".into(),
-            ],
-        ] {
-            let out = cp.kubectl().args(&args).output().map_err(io("kubectl"))?;
+        let kubectl = |args: &[&str]| -> Result<String> {
+            let out = cp.kubectl().args(args).output().map_err(io("kubectl"))?;
             if !out.status.success() {
                 return Err(HarnessError::Command {
                     command: format!("kubectl {}", args.join(" ")),
                     stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
                 });
             }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let manifest = share.join("sandboxes.yaml").display().to_string();
+        kubectl(&["apply", "--server-side", "-f", &manifest])?;
+        // Polled rather than `kubectl wait`, which fails outright while the
+        // new CRD has no conditions at all yet.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let established = || -> Result<bool> {
+            let crd: serde_json::Value =
+                serde_json::from_str(&kubectl(&["get", "crd", "sandboxes.agents.x-k8s.io", "-o", "json"])?)
+                    .unwrap_or_default();
+            Ok(crd["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True")))
+        };
+        while !established()? {
+            if std::time::Instant::now() > deadline {
+                return Err(HarnessError::CrdNotEstablished("sandboxes.agents.x-k8s.io".into()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
         let dir = RunDir::new("hangar-agent-sandbox")?;
         let (metrics_port, health_port) = (free_port(), free_port());

@@ -11,7 +11,7 @@
 //! operator's load, next to real workers: the commands feed's long-polls
 //! and the workspace-key requests at each boot.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +59,19 @@ struct Writer {
     secrets: Api<Secret>,
     sandboxes: Store<Sandbox>,
     handed: Arc<std::sync::Mutex<HashSet<String>>>,
+    /// What each node's Lease last said (attempt, workspace closed): a
+    /// Sandbox change that leaves it the same writes nothing.
+    written: Arc<std::sync::Mutex<HashMap<String, (i64, bool)>>>,
+}
+
+/// How many slices the renewals are spread over within each interval, as
+/// independent nodes' renewals are; each slice's are sent concurrently.
+const RENEW_SLICES: u32 = 10;
+const RENEW_CONCURRENCY: usize = 32;
+
+/// A node's slice, stable for its lifetime.
+fn slice_of(node: &str) -> u32 {
+    node.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b.into())) % RENEW_SLICES
 }
 
 pub struct LightNodes {
@@ -83,6 +96,7 @@ impl LightNodes {
             secrets: Api::namespaced(client.clone(), system_namespace),
             sandboxes,
             handed: Arc::default(),
+            written: Arc::default(),
         };
 
         // The Sandboxes, for each session's attempt and phase; a change
@@ -94,11 +108,20 @@ impl LightNodes {
                 .default_backoff()
                 .applied_objects();
             futures::pin_mut!(stream);
-            while let Some(Ok(sbx)) = stream.next().await {
+            // A watch error is retried by the stream (its backoff); ending
+            // here would freeze the Sandbox cache every beat reads.
+            while let Some(event) = stream.next().await {
+                let sbx = match event {
+                    Ok(sbx) => sbx,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "light nodes: the Sandbox watch failed; retrying");
+                        continue;
+                    }
+                };
                 let (ns, name) = (sbx.namespace().unwrap_or_default(), sbx.name_any());
                 let node = b.lock().await.get(&(ns, name)).cloned();
                 if let Some((node, session)) = node {
-                    beat(&wr, &node, &session).await;
+                    beat(&wr, &node, &session, Renewal::OnChange).await;
                 }
             }
         });
@@ -110,10 +133,15 @@ impl LightNodes {
                 let node = c.instance_id.clone();
                 let key = (session.namespace.clone(), session.sandbox.clone());
                 match c.state {
+                    // Each boot on its own task (instances boot independently);
+                    // it is beating from here on.
                     InstanceState::Running => {
-                        ensure_node(&nodes, &node, &c.zone).await;
-                        beat(&wr, &node, &session).await;
-                        b.lock().await.insert(key, (node, session));
+                        b.lock().await.insert(key, (node.clone(), session.clone()));
+                        let (nodes, wr, zone) = (nodes.clone(), wr.clone(), c.zone.clone());
+                        tokio::spawn(async move {
+                            ensure_node(&nodes, &node, &zone).await;
+                            beat(&wr, &node, &session, Renewal::Always).await;
+                        });
                     }
                     // Stopped: the worker is gone; the Node stays (a kubelet's
                     // Node outlives a stop).
@@ -122,6 +150,7 @@ impl LightNodes {
                     }
                     InstanceState::ShuttingDown | InstanceState::Terminated => {
                         b.lock().await.remove(&key);
+                        wr.written.lock().expect("written").remove(&node);
                         let _ = nodes.delete(&node, &DeleteParams::default()).await;
                         let _ = leases.delete(&heartbeat::lease_name(&node), &DeleteParams::default()).await;
                     }
@@ -131,13 +160,18 @@ impl LightNodes {
         });
 
         let renewing = tokio::spawn(async move {
-            let mut every = tokio::time::interval(renew);
-            loop {
+            let mut every = tokio::time::interval(renew / RENEW_SLICES);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for slice in (0..RENEW_SLICES).cycle() {
                 every.tick().await;
-                let all: Vec<(String, Session)> = beating.lock().await.values().cloned().collect();
-                for (node, session) in all {
-                    beat(&w, &node, &session).await;
-                }
+                let due: Vec<(String, Session)> =
+                    beating.lock().await.values().filter(|(node, _)| slice_of(node) == slice).cloned().collect();
+                futures::stream::iter(due)
+                    .for_each_concurrent(RENEW_CONCURRENCY, |(node, session)| {
+                        let w = &w;
+                        async move { beat(w, &node, &session, Renewal::Always).await }
+                    })
+                    .await;
             }
         });
         Self { tasks: vec![watch, follow, renewing] }
@@ -174,10 +208,20 @@ async fn ensure_node(nodes: &Api<Node>, name: &str, zone: &str) {
     }
 }
 
+/// Whether a beat writes a Lease whose content would not change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    /// A renewal (or a boot's first beat): always written.
+    Always,
+    /// A Sandbox change: written only when the attempt or the workspace
+    /// closed changes, as the worker writes them.
+    OnChange,
+}
+
 /// Writes the node's heartbeat as the worker would: its session's id and
 /// current attempt, and while the session pauses, the workspace closed for
 /// that attempt (a light node has no commands to drain).
-async fn beat(w: &Writer, node: &str, session: &Session) {
+async fn beat(w: &Writer, node: &str, session: &Session, renewal: Renewal) {
     let Some(sbx) = w.sandboxes.get(&ObjectRef::new(&session.sandbox).within(&session.namespace)) else { return };
     if sbx.uid().as_deref() != Some(session.session_id.as_str()) {
         return;
@@ -188,6 +232,14 @@ async fn beat(w: &Writer, node: &str, session: &Session) {
     }
     let attempt = status.attempt.unwrap_or(1);
     let closed = (status.phase == Some(Phase::Pausing)).then(|| (attempt, Timestamp::now()));
+    let says = (attempt, closed.is_some());
+    let before = w.written.lock().expect("written").insert(node.to_owned(), says);
+    if renewal == Renewal::OnChange && before == Some(says) {
+        if status.phase == Some(Phase::Running) {
+            hand_in_key(w, node, &session.session_id, attempt).await;
+        }
+        return;
+    }
     let beat = heartbeat::Beat {
         node,
         session_id: &session.session_id,

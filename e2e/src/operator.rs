@@ -180,6 +180,36 @@ impl OperatorProcess {
         Ok(())
     }
 
+    /// A second replica beside this one, for leader election (start both
+    /// with `HANGAR_LEADER_ELECT=true`): the same settings and key service,
+    /// its own ports, log and identity (`POD_NAME`). It serves health and
+    /// metrics at once and waits for the Lease for the rest.
+    pub fn replica(&self, identity: &str) -> Result<Self> {
+        let mut extra_env: Vec<(String, String)> =
+            self.extra_env.iter().filter(|(k, _)| k != "POD_NAME").cloned().collect();
+        extra_env.push(("POD_NAME".into(), identity.into()));
+        let mut op = Self {
+            process: None,
+            key_service: self.key_service.clone(),
+            admin_port: 0,
+            metrics_port: 0,
+            scraper: self.scraper.clone(),
+            metrics_cert: self.metrics_cert.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            ec2_endpoint: self.ec2_endpoint.clone(),
+            registry_endpoints: self.registry_endpoints.clone(),
+            log: self.log.with_file_name(format!("operator-{identity}.log")),
+            extra_env,
+        };
+        op.spawn()?;
+        Ok(op)
+    }
+
+    /// Whether /readyz answers 200 now (one look, no waiting).
+    pub fn is_ready(&self) -> bool {
+        http_get(self.admin_port, "/readyz").is_ok_and(|(s, _)| s == 200)
+    }
+
     /// SIGKILL: no chance to finish anything, as in a node crash.
     pub fn kill(&mut self) {
         if let Some(mut p) = self.process.take() {

@@ -56,3 +56,54 @@ async fn one_replica_leads_and_a_follower_takes_over_when_it_dies() {
     tokio::time::timeout(Duration::from_secs(10), c.acquired()).await.expect("c takes over");
     assert_eq!(holder(&leases).await.as_deref(), Some("c"));
 }
+
+/// Two operator replicas on the local stack: the leader dies (SIGKILL)
+/// without giving up its Lease. The standby leads once the Lease has
+/// expired; a running session goes on in the same attempt with no
+/// interruption (a failover is invisible to its sessions), and a session
+/// created while nobody led comes up under the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_operator_takes_over_and_interrupts_no_session() {
+    use hangar_crds::{Phase, Sandbox};
+    use hangar_e2e::sessions::{self, DEADLINE, ensure_namespace};
+    use hangar_e2e::{LocalStack, StackOptions};
+    use kube::api::PostParams;
+    use serde_json::json;
+
+    hangar_runtime::telemetry::init();
+    let leader_env = [("HANGAR_LEADER_ELECT", "true"), ("POD_NAME", "operator-a")];
+    let opts = StackOptions {
+        operator_env: leader_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    let stack = LocalStack::start(ControlPlane::start().expect("control plane"), opts).expect("stack");
+    let client = stack.cp.client().await.unwrap();
+    ensure_namespace(&client, "failover").await;
+    let api: Api<Sandbox> = Api::namespaced(client.clone(), "failover");
+    let create = |name: &'static str| {
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &sessions::sandbox(name, "commands", json!({}))).await.unwrap() }
+    };
+    create("before").await;
+    let before = sessions::wait_phase(&stack, &api, "before", Phase::Running).await;
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), hangar_e2e::operator::SYSTEM_NAMESPACE);
+    let leader = || async { leases.get("hangar-operator-leader").await.ok()?.spec?.holder_identity };
+    let standby = stack.operator().replica("operator-b").expect("standby");
+    assert_eq!(leader().await.as_deref(), Some("operator-a"));
+    stack.operator().kill();
+    create("during").await;
+    let deadline = Instant::now() + DEADLINE;
+    while leader().await.as_deref() != Some("operator-b") {
+        assert!(Instant::now() < deadline, "the standby did not take over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sessions::wait_phase(&stack, &api, "during", Phase::Running).await;
+
+    let after = api.get("before").await.unwrap();
+    let (was, is) = (before.status.clone().unwrap_or_default(), after.status.clone().unwrap_or_default());
+    assert_eq!(sessions::phase(&after), Some(Phase::Running), "{is:?}");
+    assert_eq!(is.attempt, was.attempt, "the same attempt");
+    assert!(is.interruptions.is_empty(), "no interruption: {:?}", is.interruptions);
+    drop(standby);
+}

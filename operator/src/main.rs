@@ -28,6 +28,7 @@ use prometheus_client::registry::Registry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    hangar_runtime::memory::cap_allocator_arenas();
     let settings = Arc::new(Settings::parse());
     if settings.print_settings {
         println!("{settings:#?}");

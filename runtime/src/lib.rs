@@ -29,6 +29,7 @@ pub mod https;
 pub mod json_document;
 pub mod kube_ext;
 pub mod leader;
+pub mod memory;
 pub mod retry;
 pub mod serving_cert;
 pub mod telemetry;

@@ -8,9 +8,18 @@
 //! steady minute with all N running: the operator's RSS and CPU, its
 //! reconciles (count and p50/p99 duration, from its own samples), EC2
 //! calls, and apiserver requests per session per minute (all clients, and
-//! less the light nodes' own heartbeat writes).
+//! less the light nodes' own heartbeat writes). Last, leader failover: the
+//! operator runs leader-elected (the chart's Lease timings); a standby
+//! replica joins, the leader is killed just after renewing its Lease, and
+//! the bench times the standby leading, ready, caught up with every
+//! session, and a session created at the kill to `running`.
 //!
-//! `scale-bench [N]` (default 5,000).
+//! `scale-bench [N] [RENEW]` (default 5,000 sessions, heartbeats every 10
+//! s, the worker's default). With RENEW the operator's staleness and
+//! worker-lost limits keep their default ratios to it (3× and 6×): the
+//! heartbeats are the workers' writes, and at 5,000 every 10 s they are
+//! 500 writes a second, more than this machine's apiserver sustains beside
+//! the rest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -28,32 +37,39 @@ use hangar_e2e::light_nodes::LightNodes;
 use hangar_e2e::operator::SYSTEM_NAMESPACE;
 use hangar_e2e::sessions::{self, ensure_namespace};
 use hangar_e2e::{LocalStack, StackOptions};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 const NS: &str = "scale";
-/// How often the light nodes renew each heartbeat (the worker's default).
-const RENEW: Duration = Duration::from_secs(10);
+/// How often the light nodes renew each heartbeat by default (the worker's
+/// default).
+const RENEW_DEFAULT: u64 = 10;
 const STEADY: Duration = Duration::from_secs(60);
 
 fn main() {
     hangar_e2e::init_tracing();
-    let n = hangar_e2e::bench::numbers_arg().first().copied().unwrap_or(5000) as usize;
+    let args = hangar_e2e::bench::numbers_arg();
+    let n = args.first().copied().unwrap_or(5000) as usize;
+    let renew = Duration::from_secs(args.get(1).map_or(RENEW_DEFAULT, |&r| r as u64));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let (stub, changes) = rt.block_on(Ec2Stub::start(Duration::from_millis(200))).expect("EC2 stub");
     let cp = ControlPlane::start().expect("control plane");
     // Node status written once, as a kubelet with nothing changing does
     // (kwok's 20–45 s heartbeat Stage is off; see `Kwok::start_with`).
     let kwok = Kwok::start_with(&cp, false).expect("kwok");
-    let opts = StackOptions {
-        operator_env: production_intervals(),
-        operator_ec2_endpoint: Some(stub.endpoint().to_owned()),
-        ..Default::default()
-    };
+    let mut operator_env = production_intervals();
+    operator_env.extend([("HANGAR_LEADER_ELECT", "true"), ("POD_NAME", LEADER)].map(|(k, v)| (k.into(), v.into())));
+    if renew.as_secs() != RENEW_DEFAULT {
+        operator_env.push(("HANGAR_HEARTBEAT_STALE_SECONDS".into(), (3 * renew.as_secs()).to_string()));
+        operator_env.push(("HANGAR_WORKER_LOST_SECONDS".into(), (6 * renew.as_secs()).to_string()));
+    }
+    let opts =
+        StackOptions { operator_env, operator_ec2_endpoint: Some(stub.endpoint().to_owned()), ..Default::default() };
     let stack = LocalStack::start(cp, opts).expect("stack");
-    rt.block_on(run(&stack, &kwok, &stub, changes, n));
+    rt.block_on(run(&stack, &kwok, &stub, changes, n, renew));
 }
 
 /// The apiserver's requests served so far, by "VERB resource[/subresource]".
@@ -104,9 +120,10 @@ async fn run(
     stub: &Ec2Stub,
     changes: tokio::sync::mpsc::UnboundedReceiver<hangar_e2e::ec2_stub::Change>,
     n: usize,
+    renew: Duration,
 ) {
     let client = stack.cp.client().await.expect("client");
-    let _light = LightNodes::start(client.clone(), SYSTEM_NAMESPACE, changes, RENEW).await;
+    let _light = LightNodes::start(client.clone(), SYSTEM_NAMESPACE, changes, renew).await;
     ensure_namespace(&client, NS).await;
     let api: Api<Sandbox> = Api::namespaced(client.clone(), NS);
     let load = MachineLoad::now();
@@ -137,6 +154,7 @@ async fn run(
         ("this harness", std::process::id()),
     ];
     let ramp_cpu0: Vec<f64> = busy.iter().map(|(_, pid)| cpu_seconds(*pid)).collect();
+    let rss0 = rss_kib(operator) as f64 / 1024.0;
     let ramp_api0 = apiserver_requests(&client).await;
     eprintln!("scale-bench: creating {n} sessions, 32 at a time");
     let started = Instant::now();
@@ -186,9 +204,8 @@ async fn run(
     // The light nodes hand in each attempt's output key on a renewal
     // after `running`, and the operator seals it: let that pass first.
     eprintln!("scale-bench: all running; settling for two renewals, then a steady minute");
-    tokio::time::sleep(2 * RENEW).await;
+    tokio::time::sleep(2 * renew).await;
     let pid = stack.operator().pid().expect("operator pid");
-    let samples_before = stack.operator().samples()["reconcile_us"].as_array().map(Vec::len).unwrap_or(0);
     let (cpu0, api0, rec0, ec2_0, t0) = (
         cpu_seconds(pid),
         apiserver_requests(&client).await,
@@ -202,22 +219,27 @@ async fn run(
     let api1 = apiserver_requests(&client).await;
     let per_kind = delta_by_kind(&api0, &api1, n as f64 * minutes);
     let api_per: f64 = per_kind.iter().map(|(_, v)| v).sum();
-    let heartbeats_per = 60.0 / RENEW.as_secs_f64();
-    let rec_per = (reconciles(stack) - rec0) / n as f64 / minutes;
+    let heartbeats_per = 60.0 / renew.as_secs_f64();
+    let steady_reconciles = reconciles(stack) - rec0;
+    let rec_per = steady_reconciles / n as f64 / minutes;
     let ec2_per_min = (stub.calls().values().sum::<u64>() - ec2_0) as f64 / minutes;
     let rss = rss_kib(pid) as f64 / 1024.0;
     let samples = stack.operator().samples();
     let all: Vec<u64> =
         samples["reconcile_us"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64()).collect()).unwrap_or_default();
-    let steady: Vec<u64> = all.iter().skip(samples_before.min(all.len())).copied().collect();
+    // The operator keeps its latest samples (a bounded window, which the
+    // ramp may have filled): the steady minute's are the last ones.
+    let steady: Vec<u64> = all[all.len().saturating_sub(steady_reconciles as usize)..].to_vec();
     let kwok_rss = rss_kib(kwok.pid()) as f64 / 1024.0;
+    eprintln!("scale-bench: leader failover (a standby joins, the leader is killed after its next renewal)");
+    let f = failover(stack, &client, &api, &running_at, n).await;
     watch.abort();
 
     println!();
     println!(
         "hangar at scale: {n} sessions (commands mode) on one operator replica, kwok nodes (no status heartbeat), \
          light workers (a heartbeat Lease every {}s), EC2 stub",
-        RENEW.as_secs()
+        renew.as_secs()
     );
     println!();
     println!("| figure | value | target |");
@@ -232,6 +254,10 @@ async fn run(
     );
     println!("| created → running p50 / p99 (ms) | {} / {} | |", pct(latencies.clone(), 0.5), pct(latencies, 0.99));
     println!("| operator RSS, {n} running (MiB) | {rss:.1} | < 512 |");
+    println!(
+        "| operator RSS before the sessions (MiB) / growth per 1,000 sessions (MiB) | {rss0:.1} / {:.1} | |",
+        (rss - rss0) * 1000.0 / n as f64
+    );
     println!("| operator CPU, steady (cores) | {cpu:.3} | < 0.5 |");
     println!(
         "| reconcile p50 / p99, steady minute (ms; {} reconciles) | {:.2} / {:.2} | |",
@@ -248,5 +274,121 @@ async fn run(
     println!("| kwok RSS (MiB) | {kwok_rss:.1} | |");
     println!("| instances by state | {:?} | |", stub.instances_by_state());
     println!("| apiserver requests per session per minute, by kind (top 8) | {} | |", top(&per_kind, 8));
+    println!(
+        "| leader failover, two replicas (s from the leader's SIGKILL, just after it renewed): its Lease still held / \
+         the standby leads / ready / has reconciled {n} times | {:.1} / {:.1} / {:.1} / {:.1} | |",
+        f.lease_left, f.leads, f.ready, f.caught_up
+    );
+    println!(
+        "| a session created at the kill runs after (s); one created after the failover (s) | {:.1}; {:.1} | |",
+        f.canary, f.canary_after
+    );
+    println!("| standby RSS following / leading (MiB) | {:.1} / {:.1} | |", f.standby_rss, f.leader_rss);
     print_after(&load);
+}
+
+/// The leader's and the standby's identities (`POD_NAME`).
+const LEADER: &str = "hangar-operator-0";
+const STANDBY: &str = "hangar-operator-1";
+/// The operator's leader-election Lease (in the system namespace).
+const LEADER_LEASE: &str = "hangar-operator-leader";
+
+/// Leader failover with two replicas, seconds from the leader's death.
+struct Failover {
+    /// How long the dead leader's Lease still held when it died.
+    lease_left: f64,
+    leads: f64,
+    ready: f64,
+    /// The new leader has made as many reconciles as there are sessions.
+    caught_up: f64,
+    /// A session created as the leader died, to `running`.
+    canary: f64,
+    /// A session created once the new leader has caught up, to `running`.
+    canary_after: f64,
+    standby_rss: f64,
+    leader_rss: f64,
+}
+
+async fn failover(
+    stack: &LocalStack,
+    client: &kube::Client,
+    api: &Api<Sandbox>,
+    running_at: &Arc<Mutex<HashMap<String, Instant>>>,
+    n: usize,
+) -> Failover {
+    let standby = stack.operator().replica(STANDBY).expect("a standby replica");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone()).map(|t| t.0);
+    // Killed just after a renewal: the Lease holds for nearly its whole
+    // duration, the worst case (a leader dies at any point of it).
+    let first = renewed(&leases.get(LEADER_LEASE).await.expect("leader Lease"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let lease = loop {
+        let l = leases.get(LEADER_LEASE).await.expect("leader Lease");
+        if renewed(&l) != first {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "the leader did not renew its Lease within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let standby_rss = standby.pid().map(rss_kib).unwrap_or(0) as f64 / 1024.0;
+    let spec = lease.spec.clone().unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some(LEADER));
+    let expires = renewed(&lease).expect("renewTime")
+        + Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).unsigned_abs().into());
+    stack.operator().kill();
+    let died = Instant::now();
+    let lease_left = (expires.as_millisecond() - k8s_openapi::jiff::Timestamp::now().as_millisecond()) as f64 / 1000.0;
+    let canary = sessions::sandbox("failover-canary", "commands", json!({"idleTimeoutSeconds": 86400}));
+    api.create(&PostParams::default(), &canary).await.expect("create the canary");
+
+    let since = |t: Option<Instant>| t.map(|t| t.duration_since(died).as_secs_f64()).unwrap_or(f64::NAN);
+    let (mut leads, mut ready, mut caught_up, mut canary_at) = (None, None, None, None);
+    let deadline = died + Duration::from_secs(300);
+    while leads.is_none() || ready.is_none() || caught_up.is_none() || canary_at.is_none() {
+        assert!(Instant::now() < deadline, "failover not done within 300 s");
+        let now = Instant::now();
+        if leads.is_none()
+            && let Ok(l) = leases.get(LEADER_LEASE).await
+            && l.spec.and_then(|s| s.holder_identity).as_deref() == Some(STANDBY)
+        {
+            leads = Some(now);
+        }
+        if leads.is_some() && ready.is_none() && standby.is_ready() {
+            ready = Some(now);
+        }
+        if ready.is_some() && caught_up.is_none() {
+            let done = hangar_e2e::metrics_text::value(&standby.metrics(), "hangar_reconciles_total").unwrap_or(0.0);
+            if done >= n as f64 {
+                caught_up = Some(now);
+            }
+        }
+        if canary_at.is_none() {
+            canary_at = running_at.lock().expect("running").get("failover-canary").copied();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leader_rss = standby.pid().map(rss_kib).unwrap_or(0) as f64 / 1024.0;
+
+    let after = sessions::sandbox("after-failover", "commands", json!({"idleTimeoutSeconds": 86400}));
+    let sent = Instant::now();
+    api.create(&PostParams::default(), &after).await.expect("create the second canary");
+    let deadline = sent + Duration::from_secs(120);
+    let canary_after = loop {
+        if let Some(at) = running_at.lock().expect("running").get("after-failover") {
+            break at.duration_since(sent).as_secs_f64();
+        }
+        assert!(Instant::now() < deadline, "a session created after the failover did not run within 120 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    Failover {
+        lease_left,
+        leads: since(leads),
+        ready: since(ready),
+        caught_up: since(caught_up),
+        canary: since(canary_at),
+        canary_after,
+        standby_rss,
+        leader_rss,
+    }
 }

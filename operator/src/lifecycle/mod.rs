@@ -9,6 +9,7 @@ pub mod actions;
 pub mod billing;
 pub mod conditions;
 pub mod finalizer;
+pub mod heartbeat_wakes;
 pub mod observe;
 mod tracking;
 pub mod watches;
@@ -152,13 +153,15 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             ctx.metrics.billed(&ns, sandbox.spec.tenant.as_deref(), record);
         }
     }
+    let mut seal_again = false;
     if let (Some(attempt), Some(node)) = (status.attempt, status.node_name.as_deref()) {
         // After the status is written (nothing in it waits on this), so
-        // its reads are not on the path to `running`. Best effort; the
-        // next reconcile (heartbeats bring one every few seconds) tries
-        // again. Looked up in the cache: a hand-off's arrival wakes us.
+        // its reads are not on the path to `running`. Looked up in the
+        // cache: a hand-off's arrival wakes us. Best effort: a failure is
+        // tried again shortly (the gateway waits for the sealed key).
         if let Err(e) = crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt, Lookup::Cached).await {
             warn!(error = %e, "could not seal an output key yet");
+            seal_again = true;
         }
     }
     for (reason, note) in &plan.events {
@@ -185,12 +188,16 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     // level-triggered safety net, tighter while a transition is under way.
     let transitional =
         matches!(status.phase, Some(Phase::Launching | Phase::Pausing | Phase::Resuming | Phase::Stopping));
-    Ok(match plan.requeue_after {
-        Some(d) => Requeue::requeue(d),
-        None if transitional => Requeue::requeue(Duration::from_secs(10)),
-        None => Requeue::requeue(Duration::from_secs(60)),
-    })
+    let after = match plan.requeue_after {
+        Some(d) => d,
+        None if transitional => Duration::from_secs(10),
+        None => Duration::from_secs(60),
+    };
+    Ok(Requeue::requeue(if seal_again { after.min(SEAL_AGAIN) } else { after }))
 }
+
+/// How soon a hand-off that could not be sealed is tried again.
+const SEAL_AGAIN: Duration = Duration::from_secs(2);
 
 /// An ended session: the output's erase deadline goes on its sealed keys
 /// before the finalizer goes (so even a deleted Sandbox's output is

@@ -3,10 +3,11 @@
 //! instance watcher's changes), and how a failed reconcile is retried.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use hangar_crds::{Command, Sandbox, heartbeat, output_keys};
-use hangar_runtime::controllers;
+use hangar_runtime::controllers::{self, lean};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::ResourceExt;
@@ -18,6 +19,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::heartbeat_wakes::HeartbeatWakes;
 use super::reconcile;
 use crate::context::Context;
 use crate::error::Error;
@@ -48,29 +50,45 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
         [one] => Api::namespaced(client.clone(), one),
         _ => Api::all(client.clone()),
     };
-    let nodes = reflector(node_writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
-        .default_backoff()
-        .applied_objects();
+    let nodes =
+        reflector(node_writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(lean))
+            .default_backoff()
+            .applied_objects();
+    // Every renewal reaches the cache; only the ones that can change a
+    // decision wake their session (`heartbeat_wakes`).
+    let mut wakes = HeartbeatWakes::new(Duration::from_secs(ctx.settings.heartbeat_stale_seconds));
+    let lease_cache = ctx.leases.clone();
     let leases = reflector(
         lease_writer,
-        watcher(Api::<Lease>::namespaced(client.clone(), &ctx.settings.system_namespace), watcher::Config::default()),
+        watcher(Api::<Lease>::namespaced(client.clone(), &ctx.settings.system_namespace), watcher::Config::default())
+            .modify(lean),
     )
     .default_backoff()
-    .applied_objects();
+    .applied_objects()
+    .filter(move |lease| {
+        let wake = lease.as_ref().map_or(true, |l| wakes.wakes(l));
+        if wakes.len() > 2 * lease_cache.len() + 64 {
+            wakes.forget_gone(|ns, name| lease_cache.get(&ObjectRef::new(name).within(ns)).is_some());
+        }
+        futures::future::ready(wake)
+    });
     let feed = ctx.clone();
-    let commands = reflector(command_writer, watcher(Api::<Command>::all(client.clone()), watcher::Config::default()))
-        // After the cache has the change: the nodes waiting on their
-        // session's commands read it at once.
-        .inspect(move |ev| match ev {
-            Ok(watcher::Event::Apply(c) | watcher::Event::Delete(c)) => {
-                feed.commands_feed.changed(c.metadata.namespace.as_deref().unwrap_or_default(), &c.spec.sandbox);
-            }
-            // A relist replaces the whole cache at its end.
-            Ok(watcher::Event::InitDone) => feed.commands_feed.changed_all(),
-            _ => {}
-        })
-        .default_backoff()
-        .applied_objects();
+    let commands = reflector(
+        command_writer,
+        watcher(Api::<Command>::all(client.clone()), watcher::Config::default()).modify(lean),
+    )
+    // After the cache has the change: the nodes waiting on their
+    // session's commands read it at once.
+    .inspect(move |ev| match ev {
+        Ok(watcher::Event::Apply(c) | watcher::Event::Delete(c)) => {
+            feed.commands_feed.changed(c.metadata.namespace.as_deref().unwrap_or_default(), &c.spec.sandbox);
+        }
+        // A relist replaces the whole cache at its end.
+        Ok(watcher::Event::InitDone) => feed.commands_feed.changed_all(),
+        _ => {}
+    })
+    .default_backoff()
+    .applied_objects();
     // Cached: the pass that writes `running` reads the agent Pod from
     // here, not from the apiserver (the Pod's own event woke it, and the
     // reflector stores an event before passing it on).
@@ -79,7 +97,8 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
         watcher(
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
-        ),
+        )
+        .modify(lean),
     )
     .default_backoff()
     .applied_objects();
@@ -90,7 +109,8 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
         watcher(
             Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), &ctx.settings.system_namespace),
             watcher::Config::default().labels(output_keys::ATTEMPT_LABEL),
-        ),
+        )
+        .modify(lean),
     )
     .default_backoff()
     .applied_objects();
