@@ -11,8 +11,8 @@ use kube::api::{ApiResource, GroupVersionKind};
 
 use crate::build::{go_binary, go_share};
 use crate::control_plane::ControlPlane;
-use crate::error::{HarnessError, Result, io};
-use crate::process::{ChildProcess, RunDir, free_port, http_get, wait_until};
+use crate::error::{HarnessError, Result};
+use crate::process::{ChildProcess, RunDir, free_port, http_get, run, wait_until};
 
 pub struct AgentSandboxController {
     process: ChildProcess,
@@ -32,16 +32,7 @@ impl AgentSandboxController {
     pub fn start(cp: &ControlPlane) -> Result<Self> {
         let bin = go_binary("agent-sandbox-controller")?;
         let share = go_share("agent-sandbox-controller", "agent-sandbox", "AGENT_SANDBOX_VERSION")?;
-        let kubectl = |args: &[&str]| -> Result<String> {
-            let out = cp.kubectl().args(args).output().map_err(io("kubectl"))?;
-            if !out.status.success() {
-                return Err(HarnessError::Command {
-                    command: format!("kubectl {}", args.join(" ")),
-                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                });
-            }
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        };
+        let kubectl = |args: &[&str]| run(cp.kubectl().args(args));
         let manifest = share.join("sandboxes.yaml").display().to_string();
         kubectl(&["apply", "--server-side", "-f", &manifest])?;
         // Polled rather than `kubectl wait`, which fails outright while the

@@ -328,3 +328,16 @@ pub fn processes_with(token: &str) -> Vec<i32> {
     }
     found
 }
+
+/// Runs `cmd` to its end: its stdout, or `Command` with its stderr when it
+/// fails.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().map_err(io(format!("run {cmd:?}")))?;
+    if !out.status.success() {
+        return Err(HarnessError::Command {
+            command: format!("{cmd:?}"),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -35,7 +35,7 @@ use nix::unistd::Pid;
 use crate::build::go_binary;
 use crate::control_plane::{ControlPlane, write_kubeconfig};
 use crate::error::{HarnessError, Result, io};
-use crate::process::{ChildProcess, RunDir, free_port, processes_with, wait_until};
+use crate::process::{ChildProcess, RunDir, free_port, processes_with, run, wait_until};
 use crate::registry::{REGISTRY_HOST, Registry};
 
 const CGROUP_FS: &str = "/sys/fs/cgroup";
@@ -596,17 +596,6 @@ fn push_pause_image(registry: &Registry, work: &Path) -> Result<String> {
     ]))?;
     let digest = run(Command::new(&crane).args(["digest", "--insecure", &reference]))?;
     Ok(format!("127.0.0.1:{}/hangar/pause@{}", registry.port, digest.trim()))
-}
-
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().map_err(io(format!("run {cmd:?}")))?;
-    if !out.status.success() {
-        return Err(HarnessError::Command {
-            command: format!("{cmd:?}"),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs `fut` on a runtime of its own (from sync code or inside a test's
