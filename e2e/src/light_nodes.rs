@@ -59,10 +59,14 @@ struct Writer {
     secrets: Api<Secret>,
     sandboxes: Store<Sandbox>,
     handed: Arc<std::sync::Mutex<HashSet<String>>>,
-    /// What each node's Lease last said (attempt, workspace closed): a
-    /// Sandbox change that leaves it the same writes nothing.
-    written: Arc<std::sync::Mutex<HashMap<String, (i64, bool)>>>,
+    /// What each node's Lease last said (attempt, workspace closed at): a
+    /// Sandbox change that leaves it the same writes nothing, and a
+    /// renewal while pausing keeps the time the workspace closed.
+    written: Arc<std::sync::Mutex<HashMap<String, LeaseSays>>>,
 }
+
+/// A Lease's attempt and the time its workspace closed, if it did.
+type LeaseSays = (i64, Option<Timestamp>);
 
 /// How many slices the renewals are spread over within each interval, as
 /// independent nodes' renewals are; each slice's are sent concurrently.
@@ -231,9 +235,14 @@ async fn beat(w: &Writer, node: &str, session: &Session, renewal: Renewal) {
         return;
     }
     let attempt = status.attempt.unwrap_or(1);
-    let closed = (status.phase == Some(Phase::Pausing)).then(|| (attempt, Timestamp::now()));
-    let says = (attempt, closed.is_some());
-    let before = w.written.lock().expect("written").insert(node.to_owned(), says);
+    let (closed_at, before) = {
+        let mut written = w.written.lock().expect("written");
+        let closed_before = written.get(node).filter(|(a, _)| *a == attempt).and_then(|(_, at)| *at);
+        let closed_at = (status.phase == Some(Phase::Pausing)).then(|| closed_before.unwrap_or_else(Timestamp::now));
+        (closed_at, written.insert(node.to_owned(), (attempt, closed_at)))
+    };
+    let closed = closed_at.map(|at| (attempt, at));
+    let says = (attempt, closed_at);
     if renewal == Renewal::OnChange && before == Some(says) {
         if status.phase == Some(Phase::Running) {
             hand_in_key(w, node, &session.session_id, attempt).await;

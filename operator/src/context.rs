@@ -20,11 +20,13 @@ pub struct Context {
     pub settings: Arc<Settings>,
     pub ec2: Ec2,
     pub instances: InstanceWatcher,
+    /// Trimmed to the fields a pass reads (`lifecycle::cached_fields`).
     pub nodes: Store<Node>,
     pub leases: Store<Lease>,
     /// Every Command, for the per-session counts in the Sandbox status.
     pub commands: Store<hangar_crds::Command>,
-    /// The Pods hangar manages (agent Pods, by label).
+    /// The Pods hangar manages (agent Pods, by label), trimmed to the
+    /// fields a pass reads (`lifecycle::cached_fields`).
     pub pods: Store<Pod>,
     /// The workers' output-key hand-offs, names only (no key material is
     /// held here): whether one is there to seal, without a read.

@@ -29,6 +29,7 @@ use prometheus_client::registry::Registry;
 #[tokio::main]
 async fn main() -> ExitCode {
     hangar_runtime::memory::cap_allocator_arenas();
+    hangar_runtime::memory::trim_free_memory_periodically();
     let settings = Arc::new(Settings::parse());
     if settings.print_settings {
         println!("{settings:#?}");

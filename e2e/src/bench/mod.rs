@@ -30,11 +30,20 @@ pub fn report(what: &str, unit: &str, v: &[u64]) {
 
 /// Resident memory of a process, KiB (0 when it is gone).
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The highest resident memory a process has had, KiB (0 when gone).
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()))?
+                .find_map(|l| l.strip_prefix(field).map(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()))?
         })
         .unwrap_or(0)
 }

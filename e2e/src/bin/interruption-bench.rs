@@ -90,13 +90,17 @@ async fn detections(boxes: &Api<Sandbox>, fault_at: &HashMap<String, Instant>, c
     seen.into_values().collect()
 }
 
-fn report(what: &str, v: Vec<u64>) {
+/// Prints the figure and its ratio to `floor_ms`, the least it can take
+/// by design (the silence the operator waits out, or one describe
+/// interval), so the ratio is the operator's own reaction on any machine.
+fn report(what: &str, v: Vec<u64>, floor: &str, floor_ms: u64) {
     let n = v.len();
+    let (p50, p99) = (pct(v.clone(), 0.50), pct(v.clone(), 0.99));
     println!(
-        "{what}: n={n} p50={} ms p99={} ms max={} ms",
-        pct(v.clone(), 0.50),
-        pct(v.clone(), 0.99),
-        v.iter().max().copied().unwrap_or(0)
+        "{what}: n={n} p50={p50} ms p99={p99} ms max={} ms; ÷ {floor} ({floor_ms} ms): p50 {:.2} p99 {:.2}",
+        v.iter().max().copied().unwrap_or(0),
+        p50 as f64 / floor_ms.max(1) as f64,
+        p99 as f64 / floor_ms.max(1) as f64,
     );
 }
 
@@ -163,9 +167,20 @@ async fn run(stack: &LocalStack, n: usize, worker_lost: u64) {
 
     println!();
     println!("interruption-bench: {n} sessions per scenario, worker lost after {worker_lost} s of silence");
-    report(&format!("lost worker → interrupted (worker_lost, threshold {worker_lost} s)"), lost);
-    report("terminated instance → interrupted (host_lost), describe every 2 s", terminated);
-    report("terminated instance → interrupted (host_lost), EventBridge on SQS", terminated_queue);
+    let threshold_ms = worker_lost * 1000;
+    report("lost worker → interrupted (worker_lost)", lost, "the worker-lost threshold", threshold_ms);
+    report(
+        "terminated instance → interrupted (host_lost), describe every 2 s",
+        terminated,
+        "the describe interval",
+        2000,
+    );
+    report(
+        "terminated instance → interrupted (host_lost), EventBridge on SQS",
+        terminated_queue,
+        "the describe interval",
+        2000,
+    );
     println!(
         "EC2 calls per lost-worker recovery: mutating p50={} max={} (StopInstances + StartInstances); \
          DescribeInstances {:.1} per recovery ({describes} in all, shared by every session and the node simulator)",

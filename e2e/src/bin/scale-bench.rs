@@ -29,7 +29,7 @@ use futures::StreamExt;
 use futures::future::join_all;
 use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::bench::load::{MachineLoad, print_after};
-use hangar_e2e::bench::{cpu_seconds, pct, production_intervals, rss_kib};
+use hangar_e2e::bench::{cpu_seconds, pct, peak_rss_kib, production_intervals, rss_kib};
 use hangar_e2e::control_plane::ControlPlane;
 use hangar_e2e::ec2_stub::Ec2Stub;
 use hangar_e2e::kwok::Kwok;
@@ -224,6 +224,7 @@ async fn run(
     let rec_per = steady_reconciles / n as f64 / minutes;
     let ec2_per_min = (stub.calls().values().sum::<u64>() - ec2_0) as f64 / minutes;
     let rss = rss_kib(pid) as f64 / 1024.0;
+    let peak_rss = peak_rss_kib(pid) as f64 / 1024.0;
     let samples = stack.operator().samples();
     let all: Vec<u64> =
         samples["reconcile_us"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64()).collect()).unwrap_or_default();
@@ -254,6 +255,7 @@ async fn run(
     );
     println!("| created → running p50 / p99 (ms) | {} / {} | |", pct(latencies.clone(), 0.5), pct(latencies, 0.99));
     println!("| operator RSS, {n} running (MiB) | {rss:.1} | < 512 |");
+    println!("| operator peak RSS, ramp included (MiB) | {peak_rss:.1} | |");
     println!(
         "| operator RSS before the sessions (MiB) / growth per 1,000 sessions (MiB) | {rss0:.1} / {:.1} | |",
         (rss - rss0) * 1000.0 / n as f64

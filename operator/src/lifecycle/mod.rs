@@ -7,6 +7,7 @@
 
 pub mod actions;
 pub mod billing;
+pub mod cached_fields;
 pub mod conditions;
 pub mod finalizer;
 pub mod heartbeat_wakes;

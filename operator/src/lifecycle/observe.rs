@@ -100,7 +100,7 @@ pub fn find_node(ctx: &Context, instance_id: &str, recorded: Option<&str>) -> Op
     }
 }
 
-fn ready_condition(node: &Node) -> Option<bool> {
+pub(crate) fn ready_condition(node: &Node) -> Option<bool> {
     let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
     Some(c.status == "True")
 }
@@ -331,7 +331,7 @@ fn idle(
 }
 
 /// The agent container's termination message, when it ended with one.
-fn termination_message(pod: &Pod) -> Option<String> {
+pub(crate) fn termination_message(pod: &Pod) -> Option<String> {
     let agent = pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|c| c.name == "agent")?;
     agent.state.as_ref()?.terminated.as_ref()?.message.clone().filter(|m| !m.trim().is_empty())
 }

@@ -19,6 +19,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::cached_fields;
 use super::heartbeat_wakes::HeartbeatWakes;
 use super::reconcile;
 use crate::context::Context;
@@ -50,10 +51,12 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
         [one] => Api::namespaced(client.clone(), one),
         _ => Api::all(client.clone()),
     };
-    let nodes =
-        reflector(node_writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(lean))
-            .default_backoff()
-            .applied_objects();
+    let nodes = reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(cached_fields::node),
+    )
+    .default_backoff()
+    .applied_objects();
     // Every renewal reaches the cache; only the ones that can change a
     // decision wake their session (`heartbeat_wakes`).
     let mut wakes = HeartbeatWakes::new(Duration::from_secs(ctx.settings.heartbeat_stale_seconds));
@@ -98,7 +101,7 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().labels("app.kubernetes.io/managed-by=hangar"),
         )
-        .modify(lean),
+        .modify(cached_fields::agent_pod),
     )
     .default_backoff()
     .applied_objects();
