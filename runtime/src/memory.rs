@@ -16,11 +16,6 @@
 //! Builds on musl (the images) have neither arenas nor this retention;
 //! there both do nothing.
 
-use std::time::Duration;
-
-/// How often the free pages are handed back.
-const TRIM_EVERY: Duration = Duration::from_secs(60);
-
 /// Call first thing in `main`.
 pub fn cap_allocator_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -36,6 +31,8 @@ pub fn cap_allocator_arenas() {
 pub fn trim_free_memory_periodically() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        /// How often the free pages are handed back.
+        const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
         let spawned = std::thread::Builder::new().name("malloc-trim".into()).spawn(|| {
             loop {
                 std::thread::sleep(TRIM_EVERY);
