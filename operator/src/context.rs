@@ -6,7 +6,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::Client;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
 use crate::ec2::Ec2;
@@ -37,7 +36,8 @@ pub struct Context {
     pub org_key: OrgKey,
     /// Seals the output keys (shared with the gateway, which reads output).
     pub output_kek: OrgKey,
-    pub recorder: Recorder,
+    /// Events, written off the reconcile path.
+    pub events: hangar_runtime::events::EventQueue,
     pub metrics: Arc<Metrics>,
     /// Consecutive failed reconciles per `namespace/name`, for backoff.
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
@@ -47,7 +47,7 @@ pub struct Context {
     pub sealed_output_keys: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
     /// This operator's own status writes not yet seen by its watch, and
     /// refused ones: whether a cached Sandbox can be acted on.
-    pub own_writes: crate::own_writes::OwnWrites,
+    pub own_writes: crate::own_writes::OwnWrites<hangar_crds::Sandbox>,
     /// The SessionToken controller's cache, once it runs: the command
     /// controller asks it whether a sender's token has ended.
     pub tokens: std::sync::OnceLock<Store<hangar_crds::SessionToken>>,
@@ -81,9 +81,12 @@ impl Context {
         self.sealed_output_keys.lock().unwrap_or_else(|p| p.into_inner()).insert((session_id.to_owned(), attempt));
     }
 
-    /// Records the status this operator just wrote to `key`.
-    pub fn wrote(&self, key: &str, resource_version: Option<String>) {
-        self.own_writes.wrote(key, resource_version);
+    /// Records the Sandbox as this operator's status write to `key` stored
+    /// it: passes act on it until the watch shows it.
+    pub fn wrote(&self, key: &str, mut stored: hangar_crds::Sandbox) {
+        hangar_runtime::controllers::lean(&mut stored);
+        let resource_version = stored.metadata.resource_version.clone();
+        self.own_writes.wrote(key, resource_version, std::sync::Arc::new(stored));
     }
 
     pub fn succeeded(&self, key: &str) {

@@ -26,6 +26,10 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use prometheus_client::registry::Registry;
 
+/// Events waiting to be written; past this a burst drops them (they are
+/// advisory; the status is the record).
+const EVENTS_QUEUED: usize = 4096;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     hangar_runtime::memory::cap_allocator_arenas();
@@ -135,6 +139,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         client.clone(),
         Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
     );
+    let events = hangar_runtime::events::EventQueue::start(recorder, EVENTS_QUEUED);
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings: settings.clone(),
@@ -148,7 +153,7 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
         org_key,
         output_kek,
         output_store,
-        recorder,
+        events,
         metrics,
         failures: Default::default(),
         numbering: Default::default(),

@@ -28,6 +28,11 @@ const MAX_BILLED_PAIRS: usize = 500;
 pub struct Metrics {
     pub reconciles: Counter,
     pub reconcile_errors: Counter,
+    /// Passes that acted on the operator's own written copy (the cached
+    /// Sandbox predated that write), and status writes refused as decided
+    /// from a stale copy.
+    pub acted_on_written_copy: Counter,
+    pub status_conflicts: Counter,
     pub watched_instances: Gauge,
     /// Image preflights run (a cached result runs none).
     pub image_preflight_checks: Counter,
@@ -74,6 +79,11 @@ pub struct Samples {
     /// prerequisites arrived → phase running written: the operator's own
     /// overhead.
     pub event_to_running_ms: VecDeque<u64>,
+    /// The same, split: that event → the start of the pass that wrote
+    /// running (waiting behind a pass of the same session, or a requeue)…
+    pub event_to_pass_ms: VecDeque<u64>,
+    /// … and that pass's start (or the event, if later) → running decided.
+    pub pass_to_running_ms: VecDeque<u64>,
     /// One Sandbox reconcile, start to end (microseconds: most take less
     /// than a millisecond).
     pub reconcile_us: VecDeque<u64>,
@@ -98,6 +108,8 @@ impl Default for Metrics {
         Self {
             reconciles: Counter::default(),
             reconcile_errors: Counter::default(),
+            acted_on_written_copy: Counter::default(),
+            status_conflicts: Counter::default(),
             watched_instances: Gauge::default(),
             image_preflight_checks: Counter::default(),
             foreign_key_secrets: Counter::default(),
@@ -122,6 +134,16 @@ impl Metrics {
     pub fn register(&self, registry: &mut Registry, ec2: &CallCounts) {
         registry.register("reconciles", "Sandbox reconciles run", self.reconciles.clone());
         registry.register("reconcile_errors", "Sandbox reconciles that failed", self.reconcile_errors.clone());
+        registry.register(
+            "acted_on_written_copy",
+            "Passes that acted on the operator's own last status write, the watch not having shown it yet",
+            self.acted_on_written_copy.clone(),
+        );
+        registry.register(
+            "status_conflicts",
+            "Status writes refused as decided from a stale copy (the pass runs again)",
+            self.status_conflicts.clone(),
+        );
         registry.register("watched_instances", "EC2 instances the watcher knows", self.watched_instances.clone());
         registry.register(
             "image_preflight_checks",
@@ -247,9 +269,14 @@ impl Metrics {
         push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).node_ready_to_running_ms, ms);
     }
 
-    pub fn event_to_running(&self, ms: u64) {
-        self.event_to_running.observe(ms as f64 / 1000.0);
-        push(&mut self.samples.lock().unwrap_or_else(|p| p.into_inner()).event_to_running_ms, ms);
+    /// Last watch event → running, with the part spent waiting for the
+    /// pass that wrote it (`queued`, at most `total`).
+    pub fn event_to_running(&self, total: u64, queued: u64) {
+        self.event_to_running.observe(total as f64 / 1000.0);
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        push(&mut samples.event_to_running_ms, total);
+        push(&mut samples.event_to_pass_ms, queued);
+        push(&mut samples.pass_to_running_ms, total - queued);
     }
 
     pub fn reconciled(&self, took: std::time::Duration) {

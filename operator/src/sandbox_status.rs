@@ -16,14 +16,13 @@ use crate::error::Result;
 /// The operator's field manager on every object it applies.
 pub const FIELD_MANAGER: &str = "hangar-operator";
 
-/// Returns the resourceVersion the write made.
-pub async fn write_status(api: &Api<Sandbox>, sandbox: &Sandbox, status: &SandboxStatus) -> Result<Option<String>> {
+/// Returns the Sandbox as the write stored it.
+pub async fn write_status(api: &Api<Sandbox>, sandbox: &Sandbox, status: &SandboxStatus) -> Result<Sandbox> {
     let name = sandbox.name_any();
     let patch = json!({
         "apiVersion": "hangar.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"resourceVersion": sandbox.resource_version()},
         "status": status,
     });
-    let written = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
-    Ok(written.resource_version())
+    Ok(api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?)
 }

@@ -17,6 +17,8 @@
 //! - `leader`: leader election on a Lease (kube-lease-manager)
 //! - `controllers`: a kube-runtime Controller whose watches each back off
 //!   on their own (no controller-wide backoff that errors lengthen)
+//! - `events`: Kubernetes Events queued and written off the reconcile
+//!   path (a pass never waits on its Event)
 //! - `kube_ext`: ignore-not-found / already-exists, and the typed
 //!   compare-and-swap status patch
 //! - `json_document`: a JSON document in a ConfigMap, written by
@@ -25,6 +27,7 @@
 pub mod admin;
 pub mod controllers;
 pub mod delegated_auth;
+pub mod events;
 pub mod https;
 pub mod json_document;
 pub mod kube_ext;

@@ -126,6 +126,10 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
         latencies.row("node Ready → running, incl. the simulated worker's start", "apiserver PATCH", "");
     let event_running =
         latencies.row("last watch event → running (operator overhead)", "apiserver PATCH", "p99 < 250 ms");
+    // Where that overhead goes: waiting for the pass (behind another pass
+    // of the same session, or a requeue) versus the pass's own work.
+    let event_pass = latencies.row("  of which: event → its pass starts", "apiserver PATCH", "");
+    let pass_running = latencies.row("  of which: pass start → running written", "apiserver PATCH", "");
     let closed_stop = latencies.row("worker closed → StopInstances", "apiserver PATCH", "p99 < 250 ms");
     let mut walls = Vec::new();
     let mut describes_per_minute = 0;
@@ -138,6 +142,7 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
         let from = |name| samples(&raw_from, name).len();
         let (ready_from, event_from, closed_from) =
             (from("node_ready_to_running_ms"), from("event_to_running_ms"), from("workspace_closed_to_stop_ms"));
+        let (event_pass_from, pass_running_from) = (from("event_to_pass_ms"), from("pass_to_running_ms"));
 
         eprintln!("bench: run {}/{runs}: creating {n} sessions", run + 1);
         let created_at: Vec<(String, i64)> = each(n, burst, |i| {
@@ -183,13 +188,21 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
         latencies.add(apply_run, &applied, &us_to_ms(&base.patch_then_ec2_us()));
         latencies.add(ready_running, &samples_since(&raw, "node_ready_to_running_ms", ready_from), &patch);
         latencies.add(event_running, &samples_since(&raw, "event_to_running_ms", event_from), &patch);
+        latencies.add(event_pass, &samples_since(&raw, "event_to_pass_ms", event_pass_from), &patch);
+        latencies.add(pass_running, &samples_since(&raw, "pass_to_running_ms", pass_running_from), &patch);
         latencies.add(closed_stop, &samples_since(&raw, "workspace_closed_to_stop_ms", closed_from), &patch);
     }
     let base_all = probe.finish().await;
 
     let after = stack.operator().metrics();
-    let mutating =
-        counter(&after, "hangar_ec2_mutating_calls_total") - counter(&before, "hangar_ec2_mutating_calls_total");
+    let during = |name: &str| counter(&after, name) - counter(&before, name);
+    let mutating = during("hangar_ec2_mutating_calls_total");
+    let (stale, conflicts, failed, passes) = (
+        during("hangar_acted_on_written_copy_total"),
+        during("hangar_status_conflicts_total"),
+        during("hangar_reconcile_errors_total"),
+        during("hangar_reconciles_total"),
+    );
 
     eprintln!("bench: {m} paused sessions for the memory figure");
     let rss_before = rss_kib(stack.operator().pid().unwrap());
@@ -227,6 +240,9 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
     println!("| figure | value | target |");
     println!("| --- | --- | --- |");
     println!("| EC2 mutating calls per launch→pause→resume→end | {:.2} | ≤ 8 |", mutating as f64 / (n * runs) as f64);
+    println!(
+        "| passes during the runs: all / on the operator's written copy (the watch not there yet) / status write refused as stale / failed | {passes} / {stale} / {conflicts} / {failed} | |"
+    );
     println!("| DescribeInstances calls per minute, {n} live sessions | {describes_per_minute} | independent of N |");
     println!("| operator RSS, idle after the runs (MiB) | {:.1} | |", rss_before as f64 / 1024.0);
     println!(

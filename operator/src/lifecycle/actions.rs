@@ -250,7 +250,7 @@ async fn ensure_key(ctx: &Context, s: &Session<'_>) -> Result<()> {
             }
             ctx.metrics.foreign_key_secrets.inc();
             let note = format!("Secret {name} was not made by hangar for this session: refused; delete it to go on");
-            super::publish(ctx, s.sandbox, "ForeignKeySecret", &note, kube::runtime::events::EventType::Warning).await;
+            super::publish(ctx, s.sandbox, "ForeignKeySecret", &note, kube::runtime::events::EventType::Warning);
             Err(Error::ForeignKeySecret(name))
         }
         Err(e) => Err(e.into()),

@@ -10,9 +10,10 @@ use crate::error::{Error, Result};
 
 pub const FINALIZER: &str = "hangar.dev/session";
 
-pub(super) async fn ensure_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<()> {
+/// Returns the Sandbox as the patch left it, if one was made.
+pub(super) async fn ensure_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> Result<Option<Sandbox>> {
     if sandbox.finalizers().iter().any(|f| f == FINALIZER) || sandbox.metadata.deletion_timestamp.is_some() {
-        return Ok(());
+        return Ok(None);
     }
     let mut finalizers = sandbox.finalizers().to_vec();
     finalizers.push(FINALIZER.to_owned());
@@ -28,7 +29,7 @@ pub(super) async fn remove_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> R
     let finalizers = sandbox.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
     match patch_finalizers(api, sandbox, finalizers).await {
         Err(Error::Kube(e)) if hangar_runtime::kube_ext::is_not_found(&e) => Ok(()),
-        other => other,
+        other => other.map(|_| ()),
     }
 }
 
@@ -36,7 +37,8 @@ pub(super) async fn remove_finalizer(api: &Api<Sandbox>, sandbox: &Sandbox) -> R
 /// safe against another controller's concurrent finalizer edit, and not
 /// refused merely because our own status write moved the resourceVersion.
 /// When the test fails (our copy was stale), it reads the object again once.
-async fn patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: Vec<String>) -> Result<()> {
+/// Returns the Sandbox as the patch left it (none if nothing was patched).
+async fn patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: Vec<String>) -> Result<Option<Sandbox>> {
     match try_patch_finalizers(api, sandbox, &next).await {
         Err(kube::Error::Api(e)) if e.code == 422 => {
             let fresh = api.get(&sandbox.name_any()).await?;
@@ -46,16 +48,15 @@ async fn patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: Vec<Strin
                 list.push(FINALIZER.to_owned());
             }
             if list.as_slice() == fresh.finalizers() {
-                return Ok(());
+                return Ok(None);
             }
-            try_patch_finalizers(api, &fresh, &list).await?;
-            Ok(())
+            Ok(Some(try_patch_finalizers(api, &fresh, &list).await?))
         }
-        other => other.map(|_| ()).map_err(Into::into),
+        other => Ok(Some(other?)),
     }
 }
 
-async fn try_patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: &[String]) -> Result<(), kube::Error> {
+async fn try_patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: &[String]) -> Result<Sandbox, kube::Error> {
     let ops = if sandbox.metadata.finalizers.is_none() {
         json!([{"op": "add", "path": "/metadata/finalizers", "value": next}])
     } else {
@@ -65,6 +66,5 @@ async fn try_patch_finalizers(api: &Api<Sandbox>, sandbox: &Sandbox, next: &[Str
         ])
     };
     let patch: json_patch::Patch = serde_json::from_value(ops).expect("valid JSON patch");
-    api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
-    Ok(())
+    api.patch(&sandbox.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await
 }

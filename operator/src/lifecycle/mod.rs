@@ -39,24 +39,53 @@ use hangar_core::session::phase_machine as phase;
 pub(crate) async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Requeue> {
     let ns = sandbox.namespace().unwrap_or_default();
     let name = sandbox.name_any();
-    let span = info_span!("reconcile", namespace = %ns, sandbox = %name, phase = tracing::field::Empty);
+    let span = info_span!(
+        "reconcile",
+        namespace = %ns,
+        sandbox = %name,
+        phase = tracing::field::Empty,
+        observe_ms = tracing::field::Empty,
+        actions_ms = tracing::field::Empty,
+    );
     let started = std::time::Instant::now();
-    let result = reconcile_inner(sandbox, ctx.clone(), ns, name).instrument(span).await;
+    let started_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let result = async {
+        let result = reconcile_inner(sandbox, ctx.clone(), ns, name, started_ms).await;
+        // A slow pass holds up every event of its session that arrives
+        // meanwhile (one pass per object at a time): say where it went.
+        let took = started.elapsed();
+        if took >= SLOW_PASS {
+            warn!(took_ms = took.as_millis() as u64, "slow reconcile");
+        }
+        result
+    }
+    .instrument(span)
+    .await;
     ctx.metrics.reconciled(started.elapsed());
     result
 }
 
-async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, name: String) -> Result<Requeue> {
+/// A pass at least this long is logged with its stages' times.
+const SLOW_PASS: Duration = Duration::from_millis(250);
+
+async fn reconcile_inner(
+    sandbox: Arc<Sandbox>,
+    ctx: Arc<Context>,
+    ns: String,
+    name: String,
+    started_ms: i64,
+) -> Result<Requeue> {
     ctx.metrics.reconciles.inc();
     ctx.metrics.watched_instances.set(ctx.instances.len() as i64);
     let session_id = sandbox.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
     let key = format!("{ns}/{name}");
-    let sandbox = match ctx.own_writes.view(&key, sandbox.metadata.resource_version.as_deref()) {
+    let mut sandbox = match ctx.own_writes.view(&key, sandbox.metadata.resource_version.as_deref()) {
         CacheView::Current => sandbox,
-        CacheView::Behind => {
-            tracing::debug!("the cached Sandbox predates our own last status write; waiting for the watch");
-            return Ok(Requeue::requeue(Duration::from_millis(50)));
+        CacheView::Written(stored) => {
+            tracing::debug!("the cached Sandbox predates our own last status write; acting on the written copy");
+            ctx.metrics.acted_on_written_copy.inc();
+            stored
         }
         // The cache may still be old: act on the apiserver's copy, so no
         // side effect is repeated from an old one.
@@ -73,9 +102,15 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     if terminal {
         return after_the_end(&ctx, &api, &sandbox, &current, &session_id).await;
     }
-    finalizer::ensure_finalizer(&api, &sandbox).await?;
+    // Go on from the patched copy: the status write below is made over its
+    // resourceVersion, which the finalizer patch moved.
+    if let Some(patched) = finalizer::ensure_finalizer(&api, &sandbox).await? {
+        sandbox = Arc::new(patched);
+    }
 
+    let stage = std::time::Instant::now();
     let obs = observe::observe(&ctx, &sandbox, &session_id).await?;
+    tracing::Span::current().record("observe_ms", stage.elapsed().as_millis() as u64);
     // What EC2 shows is the truth about this session's resources, even when
     // a crash kept the status from recording them.
     let mut known = current.clone();
@@ -93,6 +128,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         status.commands = Some(command_counts(&ctx, &sandbox));
     }
     let mut failure = None;
+    let stage = std::time::Instant::now();
     for action in &plan.actions {
         tracing::debug!(?action, "apply");
         if let Err(e) = actions::execute(&ctx, &session, &obs, action, &mut status).await {
@@ -105,6 +141,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             crate::failpoint::hit(&format!("reset:{}", step.as_str()));
         }
     }
+    tracing::Span::current().record("actions_ms", stage.elapsed().as_millis() as u64);
     // The reset: `reset_incomplete` while a step's last try failed (the
     // pending step says why), back to `stopping` once a pass goes through.
     if matches!(status.phase, Some(Phase::Stopping | Phase::ResetIncomplete)) {
@@ -124,7 +161,6 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
     {
         warn!(error = %e, "could not stamp the commands with their node yet");
     }
-    tracking::track_prerequisites(&ctx, (&ns, &name, &session_id), &current, &status, &obs.observed);
     status.billing =
         Some(billing::record(&ctx.settings, &sandbox, &status, k8s_openapi::jiff::Timestamp::now().as_second()));
     status.observed_generation = sandbox.metadata.generation;
@@ -137,13 +173,14 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         crate::output_keys::seal_handoffs(&ctx, &session_id, node, attempt, Lookup::Read).await?;
     }
     if status != current {
-        match write_status(&api, &sandbox, &status).await.map(|rv| ctx.wrote(&key, rv)) {
+        match write_status(&api, &sandbox, &status).await.map(|stored| ctx.wrote(&key, stored)) {
             // Decided from a copy older than the Sandbox now is (the cache
             // had not caught up with our own last write): decide again on
             // the newer one. Every action above is idempotent.
             Err(Error::Kube(e)) if hangar_runtime::kube_ext::is_conflict(&e) => {
                 tracing::debug!("status decided from a stale copy; reconciling again on the apiserver's copy");
                 ctx.own_writes.refused(&key);
+                ctx.metrics.status_conflicts.inc();
                 return Ok(Requeue::requeue(Duration::from_millis(100)));
             }
             other => other?,
@@ -154,6 +191,9 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             ctx.metrics.billed(&ns, sandbox.spec.tenant.as_deref(), record);
         }
     }
+    // After the write: the figure is "running written", and a write refused
+    // as stale is no running at all (the next pass decides again).
+    tracking::track_prerequisites(&ctx, (&ns, &name, &session_id), started_ms, &current, &status, &obs.observed);
     let mut seal_again = false;
     if let (Some(attempt), Some(node)) = (status.attempt, status.node_name.as_deref()) {
         // After the status is written (nothing in it waits on this), so
@@ -166,7 +206,7 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
         }
     }
     for (reason, note) in &plan.events {
-        publish(&ctx, &sandbox, reason, note, EventType::Normal).await;
+        publish(&ctx, &sandbox, reason, note, EventType::Normal);
     }
     if let Some(f) = status.resume_failed.as_ref().filter(|f| current.resume_failed.as_ref() != Some(*f)) {
         let note = format!(
@@ -175,10 +215,10 @@ async fn reconcile_inner(sandbox: Arc<Sandbox>, ctx: Arc<Context>, ns: String, n
             f.reason,
             hangar_core::session::requests::RETRY_RESUME_ANNOTATION
         );
-        publish(&ctx, &sandbox, "ResumeFailed", &note, EventType::Warning).await;
+        publish(&ctx, &sandbox, "ResumeFailed", &note, EventType::Warning);
     }
     if let Some(e) = failure {
-        publish(&ctx, &sandbox, "ActionFailed", &e.to_string(), EventType::Warning).await;
+        publish(&ctx, &sandbox, "ActionFailed", &e.to_string(), EventType::Warning);
         return Err(e);
     }
     ctx.succeeded(&format!("{ns}/{name}"));
@@ -254,9 +294,8 @@ fn adopt(status: &mut SandboxStatus, obs: &observe::Observation) {
     }
 }
 
-pub(crate) async fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, type_: EventType) {
+/// Queues an Event about `sandbox` (written off the pass: `hangar_runtime::events`).
+pub(crate) fn publish(ctx: &Context, sandbox: &Sandbox, reason: &str, note: &str, type_: EventType) {
     let ev = Event { type_, reason: reason.into(), note: Some(note.into()), action: reason.into(), secondary: None };
-    if let Err(e) = ctx.recorder.publish(&ev, &sandbox.object_ref(&())).await {
-        warn!(error = %e, "could not record event");
-    }
+    ctx.events.publish(ev, sandbox.object_ref(&()));
 }

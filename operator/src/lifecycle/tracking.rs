@@ -13,6 +13,7 @@ use crate::context::Context;
 pub(super) fn track_prerequisites(
     ctx: &Context,
     (namespace, name, session): (&str, &str, &str),
+    pass_started_ms: i64,
     before: &SandboxStatus,
     after: &SandboxStatus,
     obs: &phase::Observed,
@@ -34,7 +35,12 @@ pub(super) fn track_prerequisites(
             ctx.metrics.node_ready_to_running((now - t).max(0) as u64);
         }
         if let Some(t) = trigger {
-            ctx.metrics.event_to_running((now - t).max(0) as u64);
+            let total = (now - t).max(0);
+            let queued = (pass_started_ms - t).clamp(0, total);
+            if queued >= 250 {
+                tracing::info!(queued_ms = queued, total_ms = total, "running waited for its pass");
+            }
+            ctx.metrics.event_to_running(total as u64, queued as u64);
         }
     }
     if matches!(after.phase, Some(Phase::Ended | Phase::Failed)) {

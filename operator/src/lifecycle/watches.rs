@@ -122,8 +122,8 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
     let (serves2, serves3, serves4) = (serves.clone(), serves.clone(), serves.clone());
     let instances = ctx.instances.clone();
     // Each mapper notes when its event arrived, for the benchmark's
-    // "last watch event → running" figure.
-    let (m1, m2, m3, m4) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
+    // "last watch event → running" figure (the instance watcher's too).
+    let (m1, m2, m3, m4, m5) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
 
     let controller = controllers::controller(sandboxes, watcher::Config::default().any_semantic());
     // Command admission reads the Sandboxes from the same cache.
@@ -166,7 +166,13 @@ pub async fn run(ctx: Arc<Context>, writers: CacheWriters, instance_changes: mps
             let ns = c.namespace()?;
             serves4(&ns).then(|| ObjectRef::new(&c.spec.sandbox).within(&ns))
         })
-        .reconcile_on(receiver_stream(instance_changes))
+        // The instance watcher's news (EC2 says running, stopped…) is an
+        // event like the others: often the last one a launch waits for.
+        .reconcile_on(receiver_stream(instance_changes).inspect(move |sandbox: &ObjectRef<Sandbox>| {
+            if let Some(ns) = sandbox.namespace.as_deref() {
+                m5.metrics.triggered(ns, &sandbox.name);
+            }
+        }))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

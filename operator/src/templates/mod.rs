@@ -79,9 +79,7 @@ async fn reconcile(template: Arc<SandboxTemplate>, ctx: Arc<Context>) -> Result<
         };
         tracing::info!(phase = status.phase.as_deref(), reason = status.reason.as_deref(), "template status");
         let event = Event { type_, reason: reason.into(), note: Some(note), action: "Verify".into(), secondary: None };
-        if let Err(e) = ctx.recorder.publish(&event, &template.object_ref(&())).await {
-            warn!(error = %e, "could not record event");
-        }
+        ctx.events.publish(event, template.object_ref(&()));
         Ok(Requeue::await_change())
     }
     .instrument(span)

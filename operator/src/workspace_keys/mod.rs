@@ -158,7 +158,7 @@ impl KeyService {
         let key = self.session_key(&req.session_id).await?;
         if let Some(sandbox) = &sandbox {
             let note = format!("workspace key handed to instance {}", doc.instance_id);
-            crate::lifecycle::publish(ctx, sandbox, "WorkspaceKeyHandedOver", &note, EventType::Normal).await;
+            crate::lifecycle::publish(ctx, sandbox, "WorkspaceKeyHandedOver", &note, EventType::Normal);
         }
         Ok(key)
     }
