@@ -5,7 +5,8 @@
 //! operator's own last status write, acting on it would repeat side effects
 //! the write already records (sign a certificate again, retry a resume that
 //! failed). So each write's answer (the object as the apiserver stored it)
-//! is kept until the watch shows that version, and a pass that starts
+//! is kept until the watch shows that version or a later one (versions of
+//! one resource compare as integers since Kubernetes 1.35), and a pass that starts
 //! before then acts on the written copy: it is at least as new as anything
 //! the operator knows, and its resourceVersion guards the next status write
 //! (refused with 409 if anyone wrote since). Waiting for the watch instead
@@ -16,9 +17,12 @@
 //! have relisted past it), or a status write was refused as decided from an
 //! old copy (409), the next reconcile reads the object from the apiserver.
 
+use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use hangar_runtime::kube_ext::compare_resource_versions;
 
 /// How long the written copy stands in for the watch's; after that the
 /// object is read from the apiserver.
@@ -90,7 +94,13 @@ impl<T> OwnWrites<T> {
         let Some(write) = w.get(key) else {
             return if refused { CacheView::ReadThrough } else { CacheView::Current };
         };
-        if Some(write.resource_version.as_str()) == resource_version {
+        // The watch has shown our write, or a later version (several
+        // changes can arrive before the next pass runs).
+        let shown = resource_version.is_some_and(|cached| {
+            cached == write.resource_version
+                || compare_resource_versions(cached, &write.resource_version) == Some(Ordering::Greater)
+        });
+        if shown {
             w.remove(key);
             return if refused { CacheView::ReadThrough } else { CacheView::Current };
         }
@@ -135,6 +145,18 @@ mod tests {
         // Seen once, forgotten: a later copy is simply current.
         assert_eq!(w.view(KEY, Some("9")), CacheView::Current);
         assert_eq!(w.pending(), 0);
+    }
+
+    #[test]
+    fn a_copy_newer_than_our_write_is_current() {
+        let w = writes();
+        w.wrote(KEY, Some("7".into()), Arc::new("at 7"));
+        // Someone wrote after us, and the watch brought both before a pass.
+        assert_eq!(w.view(KEY, Some("12")), CacheView::Current);
+        assert_eq!(w.pending(), 0);
+        // Not comparable (not a KEP-5504 version): only equality counts.
+        w.wrote(KEY, Some("x7".into()), Arc::new("at x7"));
+        assert_eq!(w.view(KEY, Some("x8")), CacheView::Written(Arc::new("at x7")));
     }
 
     #[test]

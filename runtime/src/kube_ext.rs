@@ -7,6 +7,16 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+/// Orders two resourceVersions of objects of the same resource, as
+/// Kubernetes 1.35 and later allow (KEP-5504: a positive decimal integer
+/// without leading zeros, of any length). `None` when either is not one,
+/// as an older or another apiserver may send: then only equality means
+/// anything.
+pub fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let well_formed = |rv: &str| !rv.is_empty() && !rv.starts_with('0') && rv.bytes().all(|c| c.is_ascii_digit());
+    (well_formed(a) && well_formed(b)).then(|| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
 /// HTTP status of an apiserver refusal, if `e` is one.
 pub fn status_of(e: &kube::Error) -> Option<u16> {
     match e {
@@ -116,5 +126,28 @@ pub fn log_watch_errors<T>(
             tracing::warn!(kind, error = %e, "watch failed; a cache fed by it may lag until it is back");
         }
         futures::future::ready(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+
+    use super::compare_resource_versions as cmp;
+
+    #[test]
+    fn resource_versions_order_as_integers_of_any_length() {
+        assert_eq!(cmp("9", "10"), Some(Less), "not as text");
+        assert_eq!(cmp("10", "9"), Some(Greater));
+        assert_eq!(cmp("123", "123"), Some(Equal));
+        assert_eq!(cmp("99999999999999999999999", "100000000000000000000000"), Some(Less), "past u64");
+    }
+
+    #[test]
+    fn anything_else_has_no_order() {
+        for odd in ["", "0", "012", "12a", "-3", " 5"] {
+            assert_eq!(cmp(odd, "7"), None, "{odd:?}");
+            assert_eq!(cmp("7", odd), None, "{odd:?}");
+        }
     }
 }
