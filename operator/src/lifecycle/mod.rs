@@ -174,9 +174,9 @@ async fn reconcile_inner(
     }
     if status != current {
         match write_status(&api, &sandbox, &status).await.map(|stored| ctx.wrote(&key, stored)) {
-            // Decided from a copy older than the Sandbox now is (the cache
-            // had not caught up with our own last write): decide again on
-            // the newer one. Every action above is idempotent.
+            // Decided from a copy older than the Sandbox now is (someone
+            // wrote after the copy this pass acted on, ours or the cache's):
+            // decide again on the newer one. Every action above is idempotent.
             Err(Error::Kube(e)) if hangar_runtime::kube_ext::is_conflict(&e) => {
                 tracing::debug!("status decided from a stale copy; reconciling again on the apiserver's copy");
                 ctx.own_writes.refused(&key);
