@@ -63,8 +63,14 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     })
     .await;
     let metrics = Arc::new(Metrics::default());
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
+    );
+    let events = hangar_runtime::events::EventQueue::start(recorder, EVENTS_QUEUED);
     let mut registry = Registry::with_prefix("hangar");
     metrics.register(&mut registry, &ec2.calls);
+    registry.register("events_dropped", "Events dropped because too many waited to be written", events.dropped());
     let samples = metrics.clone();
     let debug = if settings.debug_samples {
         axum::Router::new().route(
@@ -135,11 +141,6 @@ async fn run(settings: Arc<Settings>) -> Result<(), Box<dyn std::error::Error>> 
     let (commands, command_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
     let (handoffs, handoff_writer) = reflector::store();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter { controller: "hangar-operator".into(), instance: Some(settings.pod_name.clone()) },
-    );
-    let events = hangar_runtime::events::EventQueue::start(recorder, EVENTS_QUEUED);
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings: settings.clone(),

@@ -10,12 +10,10 @@
 //! queue is full, as when the apiserver stalls, an Event is dropped and
 //! counted rather than a pass made to wait.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
 /// Events written at once by the background task.
@@ -24,7 +22,7 @@ const WRITERS: usize = 4;
 #[derive(Clone)]
 pub struct EventQueue {
     tx: mpsc::Sender<(Event, ObjectReference)>,
-    dropped: Arc<AtomicU64>,
+    dropped: Counter,
 }
 
 impl EventQueue {
@@ -41,7 +39,7 @@ impl EventQueue {
                 }
             }
         }));
-        Self { tx, dropped: Arc::default() }
+        Self { tx, dropped: Counter::default() }
     }
 
     /// Queues `event` about `reference`; never waits.
@@ -49,20 +47,22 @@ impl EventQueue {
         if let Err(mpsc::error::TrySendError::Full((event, _)) | mpsc::error::TrySendError::Closed((event, _))) =
             self.tx.try_send((event, reference))
         {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
             tracing::warn!(reason = %event.reason, "event queue full; event dropped");
         }
     }
 
-    /// Events dropped because the queue was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+    /// Events dropped because the queue was full (a metric to register).
+    pub fn dropped(&self) -> Counter {
+        self.dropped.clone()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
     use kube::runtime::events::{EventType, Reporter};
@@ -108,7 +108,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(requests.load(Ordering::SeqCst), WRITERS as u64, "written a few at a time");
-        let dropped = queue.dropped();
+        let dropped = queue.dropped().get();
         assert!((100 - 8 - WRITERS as u64..=100 - 8).contains(&dropped), "dropped {dropped}");
     }
 }
