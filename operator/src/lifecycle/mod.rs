@@ -65,7 +65,8 @@ pub(crate) async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Resul
     result
 }
 
-/// A pass at least this long is logged with its stages' times.
+/// A pass at least this long is logged with its stages' times (and a
+/// `running` that waited this long for its pass, with the wait).
 const SLOW_PASS: Duration = Duration::from_millis(250);
 
 async fn reconcile_inner(

@@ -37,7 +37,7 @@ pub(super) fn track_prerequisites(
         if let Some(t) = trigger {
             let total = (now - t).max(0);
             let queued = (pass_started_ms - t).clamp(0, total);
-            if queued >= 250 {
+            if queued >= super::SLOW_PASS.as_millis() as i64 {
                 tracing::info!(queued_ms = queued, total_ms = total, "running waited for its pass");
             }
             ctx.metrics.event_to_running(total as u64, queued as u64);
