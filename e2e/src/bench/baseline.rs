@@ -1,16 +1,22 @@
 //! Baselines measured in the same run as the figures they divide: an
-//! apiserver PATCH round trip and an EC2 (moto) call, sampled all through
-//! the benchmark by a probe beside it (so they carry the same load), and a
-//! local disk write and read of the same size as the output figure. A
-//! figure's ratio to its baseline means the same on a faster or a busier
-//! machine; its absolute time does not.
+//! apiserver PATCH round trip, an EC2 (moto) call, and the operator's own
+//! kind of write (a server-side apply of a Sandbox-shaped status, and the
+//! time until a watch shows it), sampled all through the benchmark by a
+//! probe beside it (so they carry the same load); and a local disk write
+//! and read of the same size as the output figure. A figure's ratio to its
+//! baseline means the same on a faster or a busier machine; its absolute
+//! time does not.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::Filter;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 /// Round trips in microseconds.
@@ -20,17 +26,41 @@ pub struct RoundTrips {
     pub apiserver_patch_us: Vec<u64>,
     /// DescribeInstances filtered by a tag, as the operator asks.
     pub ec2_call_us: Vec<u64>,
+    /// A server-side apply of a running session's status, over its
+    /// resourceVersion, to a copy of the Sandbox CRD in a group no
+    /// controller watches: the write that ends a pass, less its watchers.
+    pub status_apply_us: Vec<u64>,
+    /// From sending that apply to the probe's own watch showing it: what
+    /// any write takes to reach a watcher (a worker's Lease reaching the
+    /// operator).
+    pub write_to_watch_us: Vec<u64>,
 }
 
 impl RoundTrips {
     /// The samples taken since `earlier` (an older copy of the same probe).
     pub fn since(&self, earlier: &RoundTrips) -> RoundTrips {
-        RoundTrips {
-            apiserver_patch_us: self.apiserver_patch_us
-                [earlier.apiserver_patch_us.len().min(self.apiserver_patch_us.len())..]
-                .to_vec(),
-            ec2_call_us: self.ec2_call_us[earlier.ec2_call_us.len().min(self.ec2_call_us.len())..].to_vec(),
+        fn after(now: &[u64], then: &[u64]) -> Vec<u64> {
+            now[then.len().min(now.len())..].to_vec()
         }
+        RoundTrips {
+            apiserver_patch_us: after(&self.apiserver_patch_us, &earlier.apiserver_patch_us),
+            ec2_call_us: after(&self.ec2_call_us, &earlier.ec2_call_us),
+            status_apply_us: after(&self.status_apply_us, &earlier.status_apply_us),
+            write_to_watch_us: after(&self.write_to_watch_us, &earlier.write_to_watch_us),
+        }
+    }
+
+    /// One line naming every baseline with its p50 and p99 (ms).
+    pub fn summary(&self) -> String {
+        let q = |v: &[u64], p| crate::bench::table::quantile(&us_to_ms(v), p);
+        let both = |what: &str, v: &[u64]| format!("{what} p50 {:.1} ms p99 {:.1} ms", q(v, 0.5), q(v, 0.99));
+        [
+            both("apiserver PATCH (ConfigMap, merge)", &self.apiserver_patch_us),
+            both("EC2 call (moto DescribeInstances by tag)", &self.ec2_call_us),
+            both("status apply (Sandbox-shaped CRD, SSA)", &self.status_apply_us),
+            both("status apply → seen by a watch", &self.write_to_watch_us),
+        ]
+        .join("; ")
     }
 
     /// One PATCH followed by one EC2 call, per probe tick: the least a
@@ -40,24 +70,60 @@ impl RoundTrips {
     }
 }
 
-/// Samples both round trips every `every` until `finish`.
+/// Samples every round trip every `every` until `finish`.
 pub struct Probe {
     stop: Arc<AtomicBool>,
     samples: Arc<std::sync::Mutex<RoundTrips>>,
-    task: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 const PROBE_OBJECT: &str = "hangar-bench-baseline";
+/// A group no controller watches, for the copy of the Sandbox CRD.
+const PROBE_GROUP: &str = "bench.hangar.dev";
+/// How long the probe waits for its watch to show its write.
+const WATCH_DEADLINE: Duration = Duration::from_secs(10);
 
 impl Probe {
-    /// Starts probing with a ConfigMap in `namespace` (made here) and the
-    /// EC2 endpoint `ec2`.
+    /// Starts probing with objects in `namespace` (made here) and the EC2
+    /// endpoint `ec2`.
     pub async fn start(client: kube::Client, ec2: aws_sdk_ec2::Client, namespace: &str, every: Duration) -> Probe {
-        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, namespace);
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), namespace);
         let cm = serde_json::from_value(json!({"metadata": {"name": PROBE_OBJECT}})).expect("configmap");
         if let Err(e) = cms.create(&PostParams::default(), &cm).await {
             assert!(matches!(&e, kube::Error::Api(a) if a.code == 409), "create the probe's ConfigMap: {e}");
         }
+        let sandboxes: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, &install_probe_crd(&client).await);
+        let created = match sandboxes.get_opt(PROBE_OBJECT).await.expect("read the probe's Sandbox") {
+            Some(s) => s,
+            None => {
+                let s: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": format!("{PROBE_GROUP}/v1alpha1"), "kind": "Sandbox",
+                    "metadata": {"name": PROBE_OBJECT},
+                    "spec": {"mode": "commands", "image": crate::sessions::TEST_IMAGE},
+                }))
+                .expect("probe sandbox");
+                sandboxes.create(&PostParams::default(), &s).await.expect("create the probe's Sandbox")
+            }
+        };
+        // The newest resourceVersion the probe's watch has shown.
+        let (seen_tx, seen_rx) = tokio::sync::watch::channel(0u128);
+        let watch = tokio::spawn({
+            let sandboxes = sandboxes.clone();
+            async move {
+                let config = watcher::Config::default().fields(&format!("metadata.name={PROBE_OBJECT}"));
+                let mut events = std::pin::pin!(watcher(sandboxes, config).touched_objects());
+                while let Some(event) = events.next().await {
+                    if let Some(rv) = event.ok().and_then(|o| o.metadata.resource_version?.parse::<u128>().ok()) {
+                        seen_tx.send_if_modified(|seen| {
+                            let newer = rv > *seen;
+                            *seen = (*seen).max(rv);
+                            newer
+                        });
+                    }
+                }
+            }
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(std::sync::Mutex::new(RoundTrips::default()));
         let task = tokio::spawn({
@@ -65,6 +131,7 @@ impl Probe {
             async move {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut version = created.metadata.resource_version;
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     tick.tick().await;
@@ -80,16 +147,33 @@ impl Probe {
                         .send()
                         .await;
                     let ec2_us = t.elapsed().as_micros() as u64;
-                    // A failed call is not a round trip: skip the pair.
-                    if patched.is_ok() && described.is_ok() {
-                        let mut s = samples.lock().unwrap_or_else(|p| p.into_inner());
-                        s.apiserver_patch_us.push(patch_us);
-                        s.ec2_call_us.push(ec2_us);
+                    let applied = apply_status(&sandboxes, version.as_deref(), i).await;
+                    // Over the version it stored, or (after a failure) none.
+                    version = applied.as_ref().ok().and_then(|(stored, ..)| stored.metadata.resource_version.clone());
+                    if let Err(e) = &patched {
+                        tracing::warn!(error = %e, "baseline probe: PATCH failed");
                     }
+                    if let Err(e) = &described {
+                        tracing::warn!(error = %e, "baseline probe: EC2 call failed");
+                    }
+                    // A failed call is not a round trip: skip the tick.
+                    let (Ok(_), Ok(_), Ok((_, apply_us, sent))) = (patched, described, applied) else { continue };
+                    let Some(rv) = version.as_deref().and_then(|v| v.parse::<u128>().ok()) else { continue };
+                    let mut seen = seen_rx.clone();
+                    if tokio::time::timeout(WATCH_DEADLINE, seen.wait_for(|s| *s >= rv)).await.is_err() {
+                        tracing::warn!("baseline probe: the watch did not show the status apply");
+                        continue;
+                    }
+                    let watched_us = sent.elapsed().as_micros() as u64;
+                    let mut s = samples.lock().unwrap_or_else(|p| p.into_inner());
+                    s.apiserver_patch_us.push(patch_us);
+                    s.ec2_call_us.push(ec2_us);
+                    s.status_apply_us.push(apply_us);
+                    s.write_to_watch_us.push(watched_us);
                 }
             }
         });
-        Probe { stop, samples, task }
+        Probe { stop, samples, tasks: vec![task, watch] }
     }
 
     /// Everything sampled so far (the probe goes on).
@@ -97,11 +181,86 @@ impl Probe {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub async fn finish(self) -> RoundTrips {
+    pub async fn finish(mut self) -> RoundTrips {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.task.await;
+        let watch = self.tasks.pop();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        if let Some(w) = watch {
+            w.abort();
+        }
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+}
+
+/// The Sandbox CRD, schema and all, under the probe's group, Established.
+async fn install_probe_crd(client: &kube::Client) -> ApiResource {
+    let mut crd = hangar_crds::manifests::all()
+        .expect("the CRDs")
+        .into_iter()
+        .find(|m| m.crd.spec.names.kind == "Sandbox")
+        .expect("the Sandbox CRD")
+        .crd;
+    crd.spec.group = PROBE_GROUP.into();
+    // Not found by `kubectl get sbx` or a category beside the real ones.
+    crd.spec.names.short_names = None;
+    crd.spec.names.categories = None;
+    let name = format!("{}.{PROBE_GROUP}", crd.spec.names.plural);
+    crd.metadata.name = Some(name.clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(&name, &PatchParams::apply("hangar-bench").force(), &Patch::Apply(&crd))
+        .await
+        .expect("install the probe's CRD");
+    let established = await_condition(crds, &name, conditions::is_crd_established());
+    tokio::time::timeout(Duration::from_secs(30), established)
+        .await
+        .expect("the probe's CRD Established in 30 s")
+        .expect("watch the probe's CRD");
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(PROBE_GROUP, "v1alpha1", "Sandbox"),
+        &crd.spec.names.plural,
+    )
+}
+
+/// One status write as the operator makes it (server-side apply, forced,
+/// over `version`) of a running session's status, `tick` changing its
+/// billing and conditions so every write is stored. Returns the stored
+/// object, the round trip (µs) and when the write was sent.
+async fn apply_status(
+    api: &Api<DynamicObject>,
+    version: Option<&str>,
+    tick: u64,
+) -> Result<(DynamicObject, u64, Instant), kube::Error> {
+    let at =
+        serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()))
+            .expect("a time");
+    let status = json!({
+        "sessionId": "00000000-0000-4000-8000-000000000000", "phase": "running", "attempt": 1,
+        "attempts": [{"number": 1, "cause": "launch", "startedAt": at, "computeSeconds": tick}],
+        "instanceId": "i-0123456789abcdef0", "volumeId": "vol-0123456789abcdef0",
+        "nodeName": "ip-10-0-0-1.ap-southeast-2.compute.internal", "instanceType": "m7g.large",
+        "zone": "ap-southeast-2a", "memoryGiB": 8, "volumeAttached": true, "computeSeconds": tick,
+        "billing": {"minimumChargeCents": 1, "computeCents": tick, "storageCents": 0, "totalCents": tick + 1},
+        "commands": {"total": tick % 100, "unfinished": 0, "running": 0},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Running", "message": format!("tick {tick}"),
+            "lastTransitionTime": at, "observedGeneration": 1}],
+        "observedGeneration": 1,
+    });
+    // Every field is one the operator writes: it survives the round trip
+    // through the operator's own type.
+    let typed: hangar_crds::SandboxStatus = serde_json::from_value(status.clone()).expect("a Sandbox status");
+    assert_eq!(serde_json::to_value(typed).expect("serialises"), status, "a Sandbox status as the operator writes it");
+    let patch = json!({
+        "apiVersion": format!("{PROBE_GROUP}/v1alpha1"), "kind": "Sandbox",
+        "metadata": {"resourceVersion": version}, "status": status,
+    });
+    let sent = Instant::now();
+    let stored = api
+        .patch_status(PROBE_OBJECT, &PatchParams::apply("hangar-operator").force(), &Patch::Apply(&patch))
+        .await
+        .inspect_err(|e| tracing::warn!(error = %e, "baseline probe: status apply failed"))?;
+    Ok((stored, sent.elapsed().as_micros() as u64, sent))
 }
 
 /// Writes `bytes` to a file in the temporary directory (8 MiB at a time,

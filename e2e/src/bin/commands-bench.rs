@@ -28,7 +28,7 @@ use hangar_crds::command::MAX_PER_SESSION;
 use hangar_crds::{Command, CommandPhase, Phase, Sandbox};
 use hangar_e2e::bench::baseline::{Probe, disk_write_read_mbps, us_to_ms};
 use hangar_e2e::bench::load::MachineLoad;
-use hangar_e2e::bench::table::{LatencyTable, ThroughputTable, quantile};
+use hangar_e2e::bench::table::{LatencyTable, ThroughputTable};
 use hangar_e2e::bench::{now_ns, rss_kib};
 use hangar_e2e::commands::{self as cmds, command, sh, wait_command_phase};
 use hangar_e2e::gateway::member_token;
@@ -147,11 +147,7 @@ async fn run(stack: &LocalStack, n: usize, runs: usize) {
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!();
     println!("hangar commands benchmark: one session, {runs} runs, local stack, release build");
-    println!(
-        "baseline, sampled every 200 ms beside the whole benchmark: apiserver PATCH p50 {:.1} ms p99 {:.1} ms",
-        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.5),
-        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.99),
-    );
+    println!("baselines, sampled every 200 ms beside the whole benchmark: {}", base_all.summary());
     println!();
     latencies.print();
     println!();

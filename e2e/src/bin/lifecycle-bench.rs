@@ -25,7 +25,7 @@ use hangar_crds::{Phase, Sandbox};
 use hangar_e2e::bench::baseline::{Probe, us_to_ms};
 use hangar_e2e::bench::load::MachineLoad;
 use hangar_e2e::bench::rss_kib;
-use hangar_e2e::bench::table::{LatencyTable, median, quantile};
+use hangar_e2e::bench::table::{LatencyTable, median};
 use hangar_e2e::{ControlPlane, LocalStack, StackOptions};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -124,13 +124,17 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
     let apply_run = latencies.row("apply → RunInstances", "PATCH + EC2 call", "p99 < 250 ms");
     let ready_running =
         latencies.row("node Ready → running, incl. the simulated worker's start", "apiserver PATCH", "");
-    let event_running =
-        latencies.row("last watch event → running (operator overhead)", "apiserver PATCH", "p99 < 250 ms");
+    // The pass that writes `running` ends in a status apply: divided by
+    // the same kind of write (the ConfigMap PATCH is a cheaper write, whose
+    // tail follows the apiserver's worst moments less closely).
+    let event_running = latencies.row("last watch event → running (operator overhead)", "status apply", "p99 < 250 ms");
     // Where that overhead goes: waiting for the pass (behind another pass
     // of the same session, or a requeue) versus the pass's own work.
     let event_pass = latencies.row("  of which: event → its pass starts", "apiserver PATCH", "");
-    let pass_running = latencies.row("  of which: pass start → running written", "apiserver PATCH", "");
-    let closed_stop = latencies.row("worker closed → StopInstances", "apiserver PATCH", "p99 < 250 ms");
+    let pass_running = latencies.row("  of which: pass start → running written", "status apply", "");
+    // The worker's Lease write reaching the operator's watch, then a pass
+    // up to the call: divided by a write reaching a watch.
+    let closed_stop = latencies.row("worker closed → StopInstances", "status apply → watched", "p99 < 250 ms");
     let mut walls = Vec::new();
     let mut describes_per_minute = 0;
     for run in 0..runs {
@@ -180,6 +184,7 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
         let raw = stack.operator().samples();
         let base = probe.snapshot().since(&base_from);
         let patch = us_to_ms(&base.apiserver_patch_us);
+        let apply = us_to_ms(&base.status_apply_us);
         // Create call returned (apiserver accepted it) → RunInstances called.
         let applied: Vec<f64> = created_at
             .iter()
@@ -187,16 +192,18 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
             .collect();
         latencies.add(apply_run, &applied, &us_to_ms(&base.patch_then_ec2_us()));
         latencies.add(ready_running, &samples_since(&raw, "node_ready_to_running_ms", ready_from), &patch);
-        latencies.add(event_running, &samples_since(&raw, "event_to_running_ms", event_from), &patch);
+        latencies.add(event_running, &samples_since(&raw, "event_to_running_ms", event_from), &apply);
         latencies.add(event_pass, &samples_since(&raw, "event_to_pass_ms", event_pass_from), &patch);
-        latencies.add(pass_running, &samples_since(&raw, "pass_to_running_ms", pass_running_from), &patch);
-        latencies.add(closed_stop, &samples_since(&raw, "workspace_closed_to_stop_ms", closed_from), &patch);
+        latencies.add(pass_running, &samples_since(&raw, "pass_to_running_ms", pass_running_from), &apply);
+        let watched = us_to_ms(&base.write_to_watch_us);
+        latencies.add(closed_stop, &samples_since(&raw, "workspace_closed_to_stop_ms", closed_from), &watched);
     }
     let base_all = probe.finish().await;
 
     let after = stack.operator().metrics();
     let during = |name: &str| counter(&after, name) - counter(&before, name);
     let mutating = during("hangar_ec2_mutating_calls_total");
+    let other_describes = during("hangar_ec2_describe_other_calls_total");
     let (stale, conflicts, failed, passes) = (
         during("hangar_acted_on_written_copy_total"),
         during("hangar_status_conflicts_total"),
@@ -227,19 +234,17 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
     println!(
         "hangar lifecycle benchmark: {n} sessions (commands mode, each step {pacing}), {runs} runs, local stack, release build"
     );
-    println!(
-        "baselines, sampled every 200 ms beside the whole benchmark: apiserver PATCH p50 {:.1} ms p99 {:.1} ms; EC2 call (moto DescribeInstances by tag) p50 {:.1} ms p99 {:.1} ms",
-        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.5),
-        quantile(&us_to_ms(&base_all.apiserver_patch_us), 0.99),
-        quantile(&us_to_ms(&base_all.ec2_call_us), 0.5),
-        quantile(&us_to_ms(&base_all.ec2_call_us), 0.99),
-    );
+    println!("baselines, sampled every 200 ms beside the whole benchmark: {}", base_all.summary());
     println!();
     latencies.print();
     println!();
     println!("| figure | value | target |");
     println!("| --- | --- | --- |");
     println!("| EC2 mutating calls per launch→pause→resume→end | {:.2} | ≤ 8 |", mutating as f64 / (n * runs) as f64);
+    println!(
+        "| EC2 Describe calls other than DescribeInstances (volumes) per launch→pause→resume→end | {:.2} | |",
+        other_describes as f64 / (n * runs) as f64
+    );
     println!(
         "| passes during the runs: all / on the operator's written copy (the watch not there yet) / status write refused as stale / failed | {passes} / {stale} / {conflicts} / {failed} | |"
     );
