@@ -252,6 +252,12 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
     let (drained_tx, mut drained_rx) = watch::channel(None);
     let mut runner_started = false;
     let mut handed_deadline: Option<Option<i64>> = None;
+    // What the Lease last said (session, attempt, workspace closed), and
+    // whether a renewal is due: the Lease is written on each tick and
+    // whenever what it says changes, not on every Sandbox event (each of
+    // the operator's status writes would come back as a Lease write).
+    let mut reported: Option<Reported> = None;
+    let mut renewal_due = true;
     loop {
         tokio::select! {
             next = updates.next() => match next {
@@ -260,7 +266,7 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
                 None => return Ok(()),
             },
             _ = drained_rx.changed() => {}
-            _ = tick.tick() => {}
+            _ = tick.tick() => renewal_due = true,
         }
         let Some(sandbox) = latest.as_ref() else { continue };
         let Some(session_id) = sandbox.uid() else { continue };
@@ -307,14 +313,25 @@ async fn run(base: kube::Config, config: Config) -> Result<(), Error> {
             closed = Some((attempt, Timestamp::now()));
             tracing::info!(attempt, "workspace closed for the pause");
         }
+        let report = (session_id.clone(), attempt, closed);
+        if !renewal_due && reported.as_ref() == Some(&report) {
+            continue;
+        }
         // An apiserver that does not answer now is tried again next tick;
         // it is no reason to stop serving the session.
-        if let Err(e) = renew(&leases, &config.node_name, &session_id, &ns, &name, attempt, closed).await {
-            tracing::warn!(error = %e, "heartbeat not renewed; trying again");
-            metrics.heartbeat_failed();
+        match renew(&leases, &config.node_name, &session_id, &ns, &name, attempt, closed).await {
+            Ok(()) => (reported, renewal_due) = (Some(report), false),
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat not renewed; trying again");
+                metrics.heartbeat_failed();
+            }
         }
     }
 }
+
+/// What a heartbeat says besides its time: the session, the attempt, and
+/// the attempt whose workspace closed (and when).
+type Reported = (String, i64, Option<(i64, Timestamp)>);
 
 async fn renew(
     leases: &Api<Lease>,

@@ -815,6 +815,30 @@ fn confirmed(status: &SandboxStatus, step: ResetStep) -> bool {
     status.reset.iter().any(|s| s.step == step.as_str())
 }
 
+/// Whether a pass has any use for the workspace volume as EC2 shows it
+/// (one DescribeVolumes), from the status it starts from and the instance.
+/// Launching, until the volume is attached, except while the instance is
+/// pending with the volume known: then nothing can be done with it (it is
+/// attached once the instance runs), and the passes of that wait (a watch
+/// event each) would each describe it. The
+/// reset: only a pass that can reach the DeleteVolume step, which is not
+/// confirmed yet and comes after the instance's termination (steps run in
+/// order, so while the instance is not gone no pass gets that far).
+pub fn needs_workspace_volume(phase: Phase, status: &SandboxStatus, instance: Option<InstanceState>) -> bool {
+    match phase {
+        Phase::Launching => {
+            status.volume_attached != Some(true)
+                && (status.volume_id.is_none() || instance != Some(InstanceState::Pending))
+        }
+        Phase::Stopping | Phase::ResetIncomplete => {
+            !confirmed(status, ResetStep::DeleteVolume)
+                && (confirmed(status, ResetStep::TerminateInstance)
+                    || instance.is_none_or(|s| s == InstanceState::Terminated))
+        }
+        _ => false,
+    }
+}
+
 /// The step the reset waits on, and why; `since` kept while it stays the
 /// same step.
 pub fn pending(p: &mut Plan, step: ResetStep, now: Timestamp, message: String) {
@@ -1254,6 +1278,97 @@ mod tests {
         assert_eq!(p.status.phase, Some(Phase::Ended));
         let steps: Vec<&str> = p.status.reset.iter().map(|s| s.step.as_str()).collect();
         assert_eq!(steps, ResetStep::ORDER.map(ResetStep::as_str));
+    }
+
+    /// A pass that skips the volume describe decides exactly as one that
+    /// made it, whatever the describe would have shown; and the passes that
+    /// can use it do describe.
+    #[test]
+    fn the_volume_is_described_only_for_a_pass_that_can_use_it() {
+        use InstanceState::*;
+        let step = |s: ResetStep| ResetStepStatus { step: s.as_str().to_owned(), confirmed_at: Time(at(0)) };
+        let mut statuses = vec![];
+        // None known, known, attached (a status records the volume before
+        // it records it attached).
+        for (volume_id, volume_attached) in [(None, None), (Some("vol-1"), None), (Some("vol-1"), Some(true))] {
+            statuses.push(SandboxStatus {
+                attempt: Some(1),
+                instance_id: Some("i-1".into()),
+                volume_id: volume_id.map(str::to_owned),
+                volume_attached,
+                ..status(Phase::Launching)
+            });
+        }
+        let order = ResetStep::ORDER;
+        for confirmed in 0..=order.len() {
+            for phase in [Phase::Stopping, Phase::ResetIncomplete] {
+                statuses.push(SandboxStatus {
+                    attempt: Some(1),
+                    instance_id: Some("i-1".into()),
+                    volume_id: Some("vol-1".into()),
+                    reset: order[..confirmed].iter().copied().map(step).collect(),
+                    ..status(phase)
+                });
+            }
+        }
+        let instances =
+            [None, Some(Pending), Some(Running), Some(Stopping), Some(Stopped), Some(ShuttingDown), Some(Terminated)];
+        let mut described = 0;
+        for s in &statuses {
+            let phase = s.phase.unwrap();
+            let desired = if phase == Phase::Launching { Desired::Run } else { Desired::End(StopReason::Cancelled) };
+            for instance in instances {
+                if needs_workspace_volume(phase, s, instance) {
+                    described += 1;
+                    continue;
+                }
+                let pass = |volume| {
+                    let p = plan(s, &Observed { desired: desired.clone(), instance, volume, ..ready(10, 1) });
+                    (p.actions, p.status, p.requeue_after)
+                };
+                let skipped = pass(VolumeState::Unknown);
+                // What EC2 could show: a volume is attached only once the
+                // instance has run.
+                let mut shown = vec![VolumeState::Absent, VolumeState::Present { attached: false }];
+                if !matches!(instance, None | Some(Pending)) {
+                    shown.push(VolumeState::Present { attached: true });
+                }
+                // Launching, a volume the status knows but EC2 no longer
+                // shows (deleted by hand) is made again once the instance
+                // runs, when the pass describes it (below): the skip only
+                // defers that. And once the status records it attached, that
+                // record stands (a detach by hand is not looked for).
+                if phase == Phase::Launching && s.volume_id.is_some() {
+                    shown.retain(|v| *v != VolumeState::Absent);
+                }
+                if phase == Phase::Launching && s.volume_attached == Some(true) {
+                    shown.retain(|v| *v == VolumeState::Present { attached: true });
+                }
+                for volume in shown {
+                    assert_eq!(pass(volume), skipped, "{phase:?} {:?} instance {instance:?}: {volume:?}", s.reset);
+                }
+            }
+        }
+        assert!(described > 0);
+        let launching = |volume_id: Option<&str>| SandboxStatus {
+            volume_id: volume_id.map(str::to_owned),
+            ..status(Phase::Launching)
+        };
+        assert!(
+            needs_workspace_volume(Phase::Launching, &launching(None), Some(Pending)),
+            "found by tag before it is made"
+        );
+        assert!(needs_workspace_volume(Phase::Launching, &launching(Some("vol-1")), Some(Running)), "to attach it");
+        assert!(!needs_workspace_volume(Phase::Launching, &launching(Some("vol-1")), Some(Pending)));
+        let gone = plan(
+            &SandboxStatus { attempt: Some(1), instance_id: Some("i-1".into()), ..launching(Some("vol-1")) },
+            &Observed { instance: Some(Running), volume: VolumeState::Absent, ..ready(10, 1) },
+        );
+        assert_eq!(gone.actions.first(), Some(&Action::EnsureVolume), "a lost volume is made again");
+        let terminated =
+            SandboxStatus { reset: order[..3].iter().copied().map(step).collect(), ..status(Phase::Stopping) };
+        assert!(needs_workspace_volume(Phase::Stopping, &terminated, Some(Terminated)), "to delete it");
+        assert!(!needs_workspace_volume(Phase::Running, &status(Phase::Running), Some(Running)));
     }
 
     #[test]

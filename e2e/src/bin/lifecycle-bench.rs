@@ -44,7 +44,8 @@ fn main() {
         cp,
         StackOptions {
             operator_env: hangar_e2e::bench::production_intervals(),
-            worker_heartbeat_ms: Some(2000),
+            // The workers' own default, as in production.
+            worker_heartbeat_ms: Some(hangar_crds::heartbeat::RENEW_SECONDS * 1000),
             ec2_transitions: None,
             registry_endpoints: vec![],
             operator_ec2_endpoint: None,

@@ -110,6 +110,28 @@ fn top(by_kind: &[(String, f64)], n: usize) -> String {
     by_kind.iter().take(n).map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join("; ")
 }
 
+/// kwok lists a Node's Pods (`spec.nodeName=`, one LIST each, one worker
+/// for all Nodes) when it first sees the Node. After a fast ramp that
+/// backlog drains for minutes, and a steady minute taken meanwhile counts
+/// kwok catching up as the operator's requests. Waits until no LIST of
+/// Pods was served for 6 s (at most 10 minutes); returns how long that took
+/// and how many were served since `since`.
+async fn kwok_settled(client: &kube::Client, since: &BTreeMap<String, f64>) -> (Duration, f64) {
+    const QUIET: Duration = Duration::from_secs(6);
+    let lists = |by_kind: &BTreeMap<String, f64>| by_kind.get("LIST pods").copied().unwrap_or(0.0);
+    let started = Instant::now();
+    let mut last = lists(&apiserver_requests(client).await);
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < QUIET && started.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = lists(&apiserver_requests(client).await);
+        if now != last {
+            (last, quiet_since) = (now, Instant::now());
+        }
+    }
+    (started.elapsed().saturating_sub(QUIET), last - lists(since))
+}
+
 fn reconciles(stack: &LocalStack) -> f64 {
     hangar_e2e::metrics_text::value(&stack.operator().metrics(), "hangar_reconciles_total").unwrap_or(0.0)
 }
@@ -203,8 +225,9 @@ async fn run(
 
     // The light nodes hand in each attempt's output key on a renewal
     // after `running`, and the operator seals it: let that pass first.
-    eprintln!("scale-bench: all running; settling for two renewals, then a steady minute");
+    eprintln!("scale-bench: all running; settling for two renewals and kwok's pod lists, then a steady minute");
     tokio::time::sleep(2 * renew).await;
+    let kwok_lists = kwok_settled(&client, &ramp_api0).await;
     let pid = stack.operator().pid().expect("operator pid");
     let (cpu0, api0, rec0, ec2_0, t0) = (
         cpu_seconds(pid),
@@ -274,6 +297,11 @@ async fn run(
     );
     println!("| EC2 calls per minute (all sessions) | {ec2_per_min:.1} | |");
     println!("| kwok RSS (MiB) | {kwok_rss:.1} | |");
+    println!(
+        "| kwok's per-Node Pod lists (one per Node it is given) since the ramp began / done after (s, from all running + two renewals; before the steady minute) | {:.0} / {:.1} | |",
+        kwok_lists.1,
+        kwok_lists.0.as_secs_f64()
+    );
     println!("| instances by state | {:?} | |", stub.instances_by_state());
     println!("| apiserver requests per session per minute, by kind (top 8) | {} | |", top(&per_kind, 8));
     println!(

@@ -69,12 +69,10 @@ impl Ec2 {
         .await
     }
 
-    /// The workspace volume, created (encrypted, in the instance's zone) if
-    /// the session has none yet.
-    pub async fn ensure_workspace_volume(&self, tags: &SessionTags<'_>, zone: &str) -> Result<VolumeView, Ec2Error> {
-        if let Some(v) = self.find_workspace_volume(tags.session_id).await? {
-            return Ok(v);
-        }
+    /// Creates the workspace volume (encrypted, in the instance's zone).
+    /// Only after `find_workspace_volume` found none by tag in the same
+    /// pass: that find is what keeps a retried pass from making a second.
+    pub async fn create_workspace_volume(&self, tags: &SessionTags<'_>, zone: &str) -> Result<VolumeView, Ec2Error> {
         let out = self
             .call("CreateVolume", CallKind::Mutating, || {
                 self.client

@@ -58,7 +58,9 @@ pub async fn execute(
         Action::Launch => launch(ctx, s, &tags, status).await,
         Action::EnsureVolume => {
             let zone = obs.instance.as_ref().map(|i| i.zone.clone()).ok_or(Error::MissingField("instance zone"))?;
-            let v = ctx.ec2.ensure_workspace_volume(&tags, &zone).await?;
+            // Planned only when this pass's observation found no volume
+            // by tag (a describe moments ago): not looked for again.
+            let v = ctx.ec2.create_workspace_volume(&tags, &zone).await?;
             status.volume_id = Some(v.id);
             Ok(())
         }

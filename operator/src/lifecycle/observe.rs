@@ -18,7 +18,7 @@ use crate::node::agent_pod;
 use crate::node::labels::{SESSION_LABEL, SESSION_TAINT, instance_of_provider_id};
 use hangar_core::session::ending::StopReason;
 use hangar_core::session::node_choice::{self, NodeChoice};
-use hangar_core::session::phase_machine::{AgentState, Desired, ImageCheck, Observed, VolumeState, WorkerReport};
+use hangar_core::session::phase_machine::{self, AgentState, Desired, ImageCheck, Observed, VolumeState, WorkerReport};
 use hangar_crds::PreflightState;
 
 pub struct Observation {
@@ -204,8 +204,7 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
         (vec![], ImageCheck::Passed(vec![]))
     };
 
-    let needs_volume = matches!(phase, Phase::Launching) && status.volume_attached != Some(true)
-        || matches!(phase, Phase::Stopping | Phase::ResetIncomplete);
+    let needs_volume = phase_machine::needs_workspace_volume(phase, &status, instance.as_ref().map(|i| i.state));
     let (volume_state, volume) = match (needs_volume, &instance) {
         // Never launched (its images never passed the preflight): no
         // volume can exist, and the reset makes no EC2 call to confirm it.
