@@ -19,7 +19,6 @@
 //! flight then finds its instance, as it would in AWS.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,6 +55,9 @@ type Boots = Arc<Mutex<HashMap<String, String>>>;
 /// RunInstances ClientToken → its first successful answer. Held across a
 /// launch, so a second call with the token waits for the first's answer.
 type ClientTokens = Arc<tokio::sync::Mutex<HashMap<String, Vec<u8>>>>;
+/// The instances a state-changing call named or made, not yet taken by
+/// whoever watches EC2 through the proxy.
+pub type TouchedInstances = Arc<Mutex<std::collections::BTreeSet<String>>>;
 
 /// What every connection's handler shares.
 #[derive(Clone)]
@@ -67,7 +69,7 @@ struct ProxyState {
     delay: Duration,
     transitions: Transitions,
     boots: Boots,
-    mutations: Arc<AtomicU64>,
+    touched: TouchedInstances,
     client_tokens: ClientTokens,
 }
 
@@ -75,8 +77,7 @@ pub struct FaultProxy {
     pub port: u16,
     faults: Arc<Mutex<Vec<Fault>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
-    /// How many calls other than Describe* have been answered.
-    mutations: Arc<AtomicU64>,
+    touched: TouchedInstances,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -107,10 +108,10 @@ impl FaultProxy {
             delay,
             transitions: Arc::default(),
             boots: Arc::default(),
-            mutations: Arc::default(),
+            touched: Arc::default(),
             client_tokens: Arc::default(),
         };
-        let (faults, seen, mutations) = (state.faults.clone(), state.seen.clone(), state.mutations.clone());
+        let (faults, seen, touched) = (state.faults.clone(), state.seen.clone(), state.touched.clone());
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -133,14 +134,14 @@ impl FaultProxy {
             })
             .expect("proxy thread");
         let _ = ready_rx.recv();
-        Self { port, faults, seen, mutations, stop: Some(stop), thread: Some(thread) }
+        Self { port, faults, seen, touched, stop: Some(stop), thread: Some(thread) }
     }
 
-    /// Counts the calls that may change EC2's state (all but Describe*),
-    /// each once its answer is back: whoever watches EC2 through this
-    /// proxy (the node simulator) describes again only when it moved.
-    pub fn mutations(&self) -> Arc<AtomicU64> {
-        self.mutations.clone()
+    /// The instances each state-changing call named (or, for RunInstances,
+    /// made), once its answer is back: a watcher that takes them
+    /// before it describes describes just those again.
+    pub fn touched_instances(&self) -> TouchedInstances {
+        self.touched.clone()
     }
 
     pub fn endpoint(&self) -> String {
@@ -197,7 +198,7 @@ pub(crate) async fn read_request(sock: &mut TcpStream) -> std::io::Result<(Strin
 }
 
 async fn handle(mut sock: TcpStream, state: ProxyState) {
-    let ProxyState { upstream, faults, seen, delay, transitions, boots, mutations, client_tokens } = state;
+    let ProxyState { upstream, faults, seen, delay, transitions, boots, touched, client_tokens } = state;
     let Ok((head, body)) = read_request(&mut sock).await else { return };
     let text = String::from_utf8_lossy(&body).into_owned();
     let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or_default().to_owned();
@@ -254,7 +255,7 @@ async fn handle(mut sock: TcpStream, state: ProxyState) {
     let mut resp = Vec::new();
     let _ = up.read_to_end(&mut resp).await;
     if !action.starts_with("Describe") {
-        mutations.fetch_add(1, Ordering::SeqCst);
+        touched.lock().expect("touched").extend(instances_named(&action, &text, &resp));
     }
     if let (Some(t), Some(answers)) = (token, answered.as_mut())
         && ok_response(&resp).is_some()
@@ -289,6 +290,22 @@ fn launch_times(action: &str, request: &str, resp: Vec<u8>, boots: &Boots) -> Ve
         body = rewrite_item(&body, id, "launchTime", at);
     }
     with_body(&head, &body)
+}
+
+/// The instances a call names (`InstanceId`, `InstanceId.N`) and, for
+/// RunInstances, those its answer made.
+fn instances_named(action: &str, request: &str, resp: &[u8]) -> Vec<String> {
+    let mut ids: Vec<String> = instance_ids(request).map(str::to_owned).collect();
+    ids.extend(request.split('&').filter_map(|kv| kv.strip_prefix("InstanceId=")).map(str::to_owned));
+    if action == "RunInstances" {
+        ids.extend(instances_made(&String::from_utf8_lossy(resp)).map(str::to_owned));
+    }
+    ids
+}
+
+/// The instance ids of a RunInstances answer.
+fn instances_made(body: &str) -> impl Iterator<Item = &str> {
+    body.split("<instanceId>").skip(1).filter_map(|r| r.split_once("</instanceId>")).map(|r| r.0)
 }
 
 /// The `InstanceId.N` values of a request's form body.
@@ -339,7 +356,7 @@ fn in_between_states(
         return resp;
     }
     if action == "RunInstances" {
-        for id in body.split("<instanceId>").skip(1).filter_map(|r| r.split_once("</instanceId>")).map(|r| r.0) {
+        for id in instances_made(&body) {
             t.insert(id.to_owned(), ("pending", 0, until));
         }
         return resp;
@@ -377,5 +394,16 @@ mod tests {
         let out = rewrite_item(body, "i-1", "instanceState", "<code>64</code><name>stopping</name>");
         assert!(out.contains("<instanceId>i-1</instanceId><instanceState><code>64</code><name>stopping</name>"));
         assert!(out.contains("<instanceId>i-2</instanceId><instanceState><code>16</code><name>running</name>"));
+    }
+
+    #[test]
+    fn a_state_changing_call_names_the_instances_it_touched() {
+        let attach = "Action=AttachVolume&Device=%2Fdev%2Fsdf&InstanceId=i-1&VolumeId=vol-1";
+        assert_eq!(instances_named("AttachVolume", attach, b""), ["i-1"]);
+        let stop = "Action=StopInstances&InstanceId.1=i-2&InstanceId.2=i-3";
+        assert_eq!(instances_named("StopInstances", stop, b""), ["i-2", "i-3"]);
+        let made = b"<instancesSet><item><instanceId>i-4</instanceId></item><item><instanceId>i-5</instanceId></item>";
+        assert_eq!(instances_named("RunInstances", "Action=RunInstances&MinCount=2", made), ["i-4", "i-5"]);
+        assert!(instances_named("CreateVolume", "Action=CreateVolume&Size=1", b"").is_empty());
     }
 }

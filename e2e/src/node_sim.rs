@@ -18,8 +18,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName};
@@ -29,6 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use crate::ec2_faults::TouchedInstances;
 use crate::process::ChildProcess;
 
 #[derive(Clone)]
@@ -53,67 +52,126 @@ pub struct SimConfig {
     /// The operator's workspace key service, and the CA of its certificate.
     pub workspace_key_url: String,
     pub workspace_key_ca: PathBuf,
-    /// The EC2 proxy's count of state-changing calls
-    /// (`FaultProxy::mutations`): the simulator describes again when it
-    /// moves, while an instance is between states, and at least every
-    /// `RESCAN`; without it, on every tick. EC2 is a simulator too, and a
-    /// describe of every instance ten times a second took a core of it.
-    pub ec2_mutations: Option<Arc<AtomicU64>>,
+    /// The instances the EC2 proxy saw state-changing calls name
+    /// (`FaultProxy::touched_instances`): the simulator describes just
+    /// those, and those between states, each tick, and every instance of
+    /// the cluster every `RESCAN`; without it, every instance on every
+    /// tick. EC2 is a simulator too: a describe of all 100 instances costs
+    /// moto ~270 ms of CPU, and done each tick it made the simulator (not
+    /// the operator) the queue of a launch burst and slowed every other
+    /// EC2 call.
+    pub ec2_touched: Option<TouchedInstances>,
 }
 
 /// How stale the simulator's view of EC2 may get when nothing it knows of
 /// changed it (a test that calls the EC2 endpoint directly).
 const RESCAN: Duration = Duration::from_secs(1);
 
-/// The simulator's last DescribeInstances: every live instance of the
-/// cluster with its owner account, when it was taken, and the proxy's
-/// mutation count just before.
+/// The simulator's view of EC2: every live instance of the cluster with its
+/// owner account. The describe of all of them (every `RESCAN`) runs beside
+/// the ticks, so a tick waits only for the few instances it must see now.
 #[derive(Default)]
 struct Ec2View {
-    instances: Vec<(Option<String>, aws_sdk_ec2::types::Instance)>,
+    instances: Vec<Listed>,
+    /// When the last describe of every instance started.
     taken: Option<std::time::Instant>,
-    mutations: u64,
+    all: Option<tokio::task::JoinHandle<Result<Vec<Listed>, aws_sdk_ec2::Error>>>,
+    /// Described alone while that describe ran: its older answer must not
+    /// undo theirs (a stopped node briefly Ready again).
+    described_meanwhile: std::collections::BTreeSet<String>,
 }
 
-impl Ec2View {
-    fn due(&self, cfg: &SimConfig) -> bool {
-        let Some(taken) = self.taken else { return true };
-        let Some(counter) = &cfg.ec2_mutations else { return true };
-        let between = self.instances.iter().any(|(_, i)| {
-            matches!(
-                i.state().and_then(|s| s.name()),
-                Some(InstanceStateName::Pending | InstanceStateName::Stopping | InstanceStateName::ShuttingDown)
-            )
-        });
-        between || taken.elapsed() >= RESCAN || counter.load(Ordering::SeqCst) != self.mutations
-    }
+type Listed = (Option<String>, aws_sdk_ec2::types::Instance);
 
+impl Ec2View {
     async fn refresh(&mut self, ec2: &aws_sdk_ec2::Client, cfg: &SimConfig) -> TickResult {
-        let mutations = cfg.ec2_mutations.as_ref().map_or(0, |c| c.load(Ordering::SeqCst));
-        let taken = std::time::Instant::now();
-        // Terminated instances stay listed for a while; they are not
-        // fetched (a known node missing from the answer is gone).
-        let out = ec2
-            .describe_instances()
-            .filters(Filter::builder().name("tag:hangar.dev/cluster").values(&cfg.cluster_name).build())
-            .filters(
-                Filter::builder()
-                    .name("instance-state-name")
-                    .set_values(Some(
-                        ["pending", "running", "shutting-down", "stopping", "stopped"].map(str::to_owned).to_vec(),
-                    ))
-                    .build(),
-            )
-            .send()
-            .await?;
-        self.instances = out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances().iter().map(move |i| (r.owner_id().map(str::to_owned), i.clone())))
-            .collect();
-        (self.taken, self.mutations) = (Some(taken), mutations);
+        let Some(touched) = &cfg.ec2_touched else {
+            // No record of what changed: everything, every tick.
+            self.instances = describe_all(ec2.clone(), cfg.cluster_name.clone()).await?;
+            return Ok(());
+        };
+        if self.all.as_ref().is_some_and(|h| h.is_finished())
+            && let Some(handle) = self.all.take()
+        {
+            let newer = std::mem::take(&mut self.described_meanwhile);
+            match handle.await {
+                Ok(Ok(all)) => {
+                    // What was described alone since it started is newer.
+                    let is_newer = |(_, i): &Listed| i.instance_id().is_some_and(|id| newer.contains(id));
+                    let kept: Vec<Listed> = self.instances.drain(..).filter(is_newer).collect();
+                    self.instances = all.into_iter().filter(|l| !is_newer(l)).chain(kept).collect();
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "node simulator: describe of every instance"),
+                Err(e) => tracing::debug!(error = %e, "node simulator: describe task"),
+            }
+        }
+        if self.all.is_none() && self.taken.is_none_or(|t| t.elapsed() >= RESCAN) {
+            self.taken = Some(std::time::Instant::now());
+            self.all = Some(tokio::spawn(describe_all(ec2.clone(), cfg.cluster_name.clone())));
+        }
+        // Taken before the describe: a call answered during it is named
+        // again next tick.
+        let mut ids = std::mem::take(&mut *touched.lock().expect("touched"));
+        ids.extend(
+            self.instances
+                .iter()
+                .filter(|(_, i)| between_states(i))
+                .filter_map(|(_, i)| i.instance_id())
+                .map(str::to_owned),
+        );
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if self.all.is_some() {
+            self.described_meanwhile.extend(ids.iter().cloned());
+        }
+        let Ok(out) = ec2.describe_instances().set_instance_ids(Some(ids.into_iter().collect())).send().await else {
+            // E.g. an id EC2 no longer knows: the next describe of every
+            // instance settles it.
+            self.taken = None;
+            return Ok(());
+        };
+        for (owner, instance) in listed(&out) {
+            match self.instances.iter_mut().find(|(_, i)| i.instance_id() == instance.instance_id()) {
+                Some(known) => *known = (owner, instance),
+                None => self.instances.push((owner, instance)),
+            }
+        }
         Ok(())
     }
+}
+
+async fn describe_all(ec2: aws_sdk_ec2::Client, cluster: String) -> Result<Vec<Listed>, aws_sdk_ec2::Error> {
+    // Terminated instances stay listed for a while; they are not fetched
+    // (a known node missing from the answer is gone).
+    let out = ec2
+        .describe_instances()
+        .filters(Filter::builder().name("tag:hangar.dev/cluster").values(cluster).build())
+        .filters(
+            Filter::builder()
+                .name("instance-state-name")
+                .set_values(Some(
+                    ["pending", "running", "shutting-down", "stopping", "stopped"].map(str::to_owned).to_vec(),
+                ))
+                .build(),
+        )
+        .send()
+        .await?;
+    Ok(listed(&out))
+}
+
+fn between_states(i: &aws_sdk_ec2::types::Instance) -> bool {
+    matches!(
+        i.state().and_then(|s| s.name()),
+        Some(InstanceStateName::Pending | InstanceStateName::Stopping | InstanceStateName::ShuttingDown)
+    )
+}
+
+fn listed(out: &aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput) -> Vec<Listed> {
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances().iter().map(move |i| (r.owner_id().map(str::to_owned), i.clone())))
+        .collect()
 }
 
 /// Runs on a thread and runtime of its own, so it outlives any one test's
@@ -239,9 +297,7 @@ async fn tick(
     nodes: &mut HashMap<String, SimNode>,
     view: &mut Ec2View,
 ) -> TickResult {
-    if view.due(cfg) {
-        view.refresh(ec2, cfg).await?;
-    }
+    view.refresh(ec2, cfg).await?;
     let node_api: Api<Node> = Api::all(client.clone());
     // A node whose instance is no longer listed was terminated.
     let gone: Vec<String> = nodes
@@ -307,7 +363,7 @@ async fn tick(
                 }
                 if node.worker.is_none()
                     && !held
-                    && let Some(volume) = attached_volume(ec2, id).await?
+                    && let Some(volume) = attached_workspace(i)
                 {
                     let kubeconfig = worker_identity(client, cfg, &node.name).await?;
                     let identity = crate::imds::InstanceIdentity::of(owner, i);
@@ -542,14 +598,19 @@ async fn renew_node_lease(client: &kube::Client, node: &str) -> TickResult {
     Ok(())
 }
 
-async fn attached_volume(ec2: &aws_sdk_ec2::Client, instance_id: &str) -> Result<Option<String>, aws_sdk_ec2::Error> {
-    let out = ec2
-        .describe_volumes()
-        .filters(Filter::builder().name("attachment.instance-id").values(instance_id).build())
-        .filters(Filter::builder().name("tag:hangar.dev/role").values("workspace").build())
-        .send()
-        .await?;
-    Ok(out.volumes().first().and_then(|v| v.volume_id()).map(str::to_owned))
+/// The workspace volume attached to an instance, from the instance's own
+/// description (EC2 lists attached EBS volumes in its block device
+/// mappings): no DescribeVolumes per waiting node per tick, which during a
+/// launch burst made the simulator, not the operator, the queue.
+fn attached_workspace(instance: &aws_sdk_ec2::types::Instance) -> Option<String> {
+    instance
+        .block_device_mappings()
+        .iter()
+        .filter(|m| m.device_name() == Some(hangar_operator::ec2::volumes::DEVICE))
+        .filter_map(|m| m.ebs())
+        .find(|ebs| ebs.status() == Some(&aws_sdk_ec2::types::AttachmentStatus::Attached))
+        .and_then(|ebs| ebs.volume_id())
+        .map(str::to_owned)
 }
 
 fn start_worker(

@@ -102,7 +102,7 @@ impl LocalStack {
             identity_authority: identity_authority.clone(),
             workspace_key_url: key_service.url(),
             workspace_key_ca: key_service.ca.clone(),
-            ec2_mutations: Some(ec2_proxy.mutations()),
+            ec2_touched: Some(ec2_proxy.touched_instances()),
         });
         Ok(Self {
             sim,

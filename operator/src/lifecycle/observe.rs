@@ -17,6 +17,7 @@ use crate::keys;
 use crate::node::agent_pod;
 use crate::node::labels::{SESSION_LABEL, SESSION_TAINT, instance_of_provider_id};
 use hangar_core::session::ending::StopReason;
+use hangar_core::session::instance::InstanceState;
 use hangar_core::session::node_choice::{self, NodeChoice};
 use hangar_core::session::phase_machine::{self, AgentState, Desired, ImageCheck, Observed, VolumeState, WorkerReport};
 use hangar_crds::PreflightState;
@@ -132,6 +133,11 @@ pub async fn observe(ctx: &Context, sandbox: &Sandbox, session_id: &str) -> Resu
     let instance = ctx.instances.get(session_id);
     let node = instance.as_ref().and_then(|i| find_node(ctx, &i.id, status.node_name.as_deref()));
     let ready = node.as_ref().and_then(ready_condition);
+    // A Ready Node means its instance has booted: a view that still says
+    // pending is behind, so it looks again now, not at its next poll.
+    if ready == Some(true) && instance.as_ref().is_some_and(|i| i.state == InstanceState::Pending) {
+        ctx.instances.request_refresh();
+    }
 
     // The worker's Lease on the session's node: fresh, for this session,
     // and which attempt it serves.
