@@ -74,10 +74,13 @@ images: system-packages
 ## same run, over RUNS repetitions (medians), with the machine's load
 ## before and after. The `bench` profile (Cargo.toml) builds into
 ## target/release.
+## The lifecycle's moto forgets a terminated instance 5 s after it ended
+## (EC2: about an hour), so each run describes only its own instances
+## (e2e/scripts/moto_server.py; docs/benchmarks.md).
 RUNS ?= 3
 bench: deps
 	$(CARGO) build --profile bench --workspace --bins
-	$(CARGO_TARGET_DIR)/release/lifecycle-bench --runs $(RUNS) $(BENCH_ARGS)
+	HANGAR_MOTO_FORGET_TERMINATED_AFTER_SECONDS=5 $(CARGO_TARGET_DIR)/release/lifecycle-bench --runs $(RUNS) $(BENCH_ARGS)
 	$(CARGO_TARGET_DIR)/release/commands-bench --runs $(RUNS)
 	$(CARGO_TARGET_DIR)/release/admission-bench
 	$(CARGO_TARGET_DIR)/release/gateway-auth-bench
