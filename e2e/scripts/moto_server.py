@@ -58,6 +58,8 @@ def _forget_terminated_after(seconds):
             ended = [terminated_at.get(i.id) for i in reservation.instances]
             if ended and all(t is not None and now - t >= seconds for t in ended):
                 del self.reservations[reservation_id]
+                for instance in reservation.instances:
+                    terminated_at.pop(instance.id, None)
         return all_reservations(self, filters)
 
     InstanceBackend.terminate_instances = terminate_and_note

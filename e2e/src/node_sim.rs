@@ -122,16 +122,20 @@ impl Ec2View {
         if ids.is_empty() {
             return Ok(());
         }
-        if self.all.is_some() {
-            self.described_meanwhile.extend(ids.iter().cloned());
-        }
         let Ok(out) = ec2.describe_instances().set_instance_ids(Some(ids.into_iter().collect())).send().await else {
             // E.g. an id EC2 no longer knows: the next describe of every
             // instance settles it.
             self.taken = None;
             return Ok(());
         };
-        for (owner, instance) in listed(&out) {
+        let answered = listed(&out);
+        // Only what was answered is newer than a describe of every instance
+        // in flight: marking an unanswered id would drop it from the view
+        // when that describe lands, and its node would be taken for gone.
+        if self.all.is_some() {
+            self.described_meanwhile.extend(answered.iter().filter_map(|(_, i)| i.instance_id()).map(str::to_owned));
+        }
+        for (owner, instance) in answered {
             match self.instances.iter_mut().find(|(_, i)| i.instance_id() == instance.instance_id()) {
                 Some(known) => *known = (owner, instance),
                 None => self.instances.push((owner, instance)),
