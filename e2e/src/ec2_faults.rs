@@ -296,7 +296,6 @@ fn launch_times(action: &str, request: &str, resp: Vec<u8>, boots: &Boots) -> Ve
 /// RunInstances, those its answer made.
 fn instances_named(action: &str, request: &str, resp: &[u8]) -> Vec<String> {
     let mut ids: Vec<String> = instance_ids(request).map(str::to_owned).collect();
-    ids.extend(request.split('&').filter_map(|kv| kv.strip_prefix("InstanceId=")).map(str::to_owned));
     if action == "RunInstances" {
         ids.extend(instances_made(&String::from_utf8_lossy(resp)).map(str::to_owned));
     }
@@ -308,9 +307,14 @@ fn instances_made(body: &str) -> impl Iterator<Item = &str> {
     body.split("<instanceId>").skip(1).filter_map(|r| r.split_once("</instanceId>")).map(|r| r.0)
 }
 
-/// The `InstanceId.N` values of a request's form body.
+/// The instance ids a request's form body names: `InstanceId.N` (Stop,
+/// Start, Terminate) or `InstanceId` (AttachVolume).
 fn instance_ids(request: &str) -> impl Iterator<Item = &str> {
-    request.split('&').filter_map(|kv| kv.split_once('=')).filter(|(k, _)| k.starts_with("InstanceId.")).map(|(_, v)| v)
+    request
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == "InstanceId" || k.starts_with("InstanceId."))
+        .map(|(_, v)| v)
 }
 
 /// The head and body of a 200 answer.

@@ -24,8 +24,8 @@ use serde_json::json;
 pub struct RoundTrips {
     /// A merge PATCH of a ConfigMap, sent and answered.
     pub apiserver_patch_us: Vec<u64>,
-    /// DescribeInstances filtered by a tag, as the operator asks (every
-    /// `EC2_EVERY`th tick).
+    /// DescribeInstances filtered by a tag, as the operator asks (about
+    /// once every `EC2_CALL_EVERY`).
     pub ec2_call_us: Vec<u64>,
     /// A server-side apply of a running session's status, over its
     /// resourceVersion, to a copy of the Sandbox CRD in a group no
@@ -90,8 +90,8 @@ pub struct Probe {
 const PROBE_OBJECT: &str = "hangar-bench-baseline";
 /// A group no controller watches, for the copy of the Sandbox CRD.
 const PROBE_GROUP: &str = "bench.hangar.dev";
-/// One probe tick in this many also times an EC2 call.
-const EC2_EVERY: u64 = 5;
+/// How often a probe tick also times an EC2 call, whatever the tick.
+const EC2_CALL_EVERY: Duration = Duration::from_secs(1);
 /// How long the probe waits for its watch to show its write.
 const WATCH_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -144,6 +144,7 @@ impl Probe {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut version = created.metadata.resource_version;
+                let ec2_every = (EC2_CALL_EVERY.as_millis() / every.as_millis().max(1)).max(1) as u64;
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     tick.tick().await;
@@ -152,11 +153,11 @@ impl Probe {
                     let t = Instant::now();
                     let patched = cms.patch(PROBE_OBJECT, &PatchParams::default(), &Patch::Merge(&patch)).await;
                     let patch_us = t.elapsed().as_micros() as u64;
-                    // The EC2 call on every fifth tick: moto answers it in
-                    // Python over every instance it holds (60–80 ms of a core
-                    // under the benchmark's load), and five a second would
-                    // be a load of the probe's own making.
-                    let described = if i % EC2_EVERY == 1 {
+                    // The EC2 call once a second: moto answers it in Python
+                    // over every instance it holds (60–80 ms of a core under
+                    // the benchmark's load), and one per tick would be a
+                    // load of the probe's own making.
+                    let described = if i % ec2_every == 1 % ec2_every {
                         let t = Instant::now();
                         let out = ec2
                             .describe_instances()

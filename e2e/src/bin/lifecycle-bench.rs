@@ -11,8 +11,12 @@
 //! each step for all N at once and shows queueing on this 2-core machine.
 //!
 //! Each latency is printed with its ratio to a baseline sampled beside it
-//! in the same run (`hangar_e2e::bench::baseline`), over `--runs R`
-//! repetitions (default 3) on fresh namespaces; the tables give medians.
+//! in the same run (`hangar_e2e::bench::baseline`, sampled every
+//! `PROBE_EVERY`), over `--runs R` repetitions (default 5) on fresh
+//! namespaces; the tables give medians, and the pooled ratios two
+//! invocations are compared on. A p99 rests on its few slowest samples:
+//! each run's pauses give 100 samples of their figure and about 250 of
+//! its baseline, so both sides need several runs to settle.
 //!
 //! Run: `make bench` (bench profile), or
 //! `cargo run --profile bench -p hangar-e2e --bin lifecycle-bench -- [N] [M] [--burst] [--runs R]`.
@@ -35,9 +39,14 @@ use serde_json::json;
 
 use hangar_e2e::sessions::{TEST_IMAGE as IMAGE, ensure_namespace};
 
+/// The baseline probe's period: ten apiserver round trips of each kind a
+/// second (a step of 100 sessions lasts about 27 s), the EC2 call once a
+/// second.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+
 fn main() {
     hangar_e2e::init_tracing();
-    let runs = hangar_e2e::bench::runs_arg(3);
+    let runs = hangar_e2e::bench::runs_arg(5);
     let args = hangar_e2e::bench::numbers_arg();
     let n = args.first().copied().unwrap_or(100);
     let m = args.get(1).copied().unwrap_or(1000);
@@ -121,7 +130,7 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
         ensure_namespace(&client, ns).await;
     }
     let ec2 = hangar_e2e::ec2::client(&stack.moto.endpoint()).await;
-    let probe = Probe::start(client.clone(), ec2, "bench-baseline", Duration::from_millis(200)).await;
+    let probe = Probe::start(client.clone(), ec2, "bench-baseline", PROBE_EVERY).await;
     let before = stack.operator().metrics();
 
     let mut latencies = LatencyTable::default();
@@ -251,7 +260,8 @@ async fn run(stack: &LocalStack, n: usize, m: usize, burst: bool, runs: usize) {
         "hangar lifecycle benchmark: {n} sessions (commands mode, each step {pacing}), {runs} runs, local stack, release build"
     );
     println!(
-        "baselines, sampled every 200 ms beside the whole benchmark (each figure is divided by those sampled during its own step): {}",
+        "baselines, sampled every {} ms beside the whole benchmark (each figure is divided by those sampled during its own step): {}",
+        PROBE_EVERY.as_millis(),
         base_all.summary()
     );
     println!();
