@@ -14,7 +14,7 @@ help:
 	@echo "            NODE=real: every component a Pod on a real kubelet, sessions on real nodes"
 	@echo "make test   every test, from nothing"
 	@echo "make crds   regenerate the CRD YAML (crds/manifests, both charts) from the Rust types"
-	@echo "make bench  the benchmarks (bench profile), each figure with its ratio to a baseline; RUNS=3, LIFECYCLE_RUNS=5"
+	@echo "make bench  the benchmarks (bench profile), each figure with its ratio to a baseline; RUNS=5"
 	@echo "make bench-scale  SESSIONS=5000 on one operator replica (kwok nodes), leader failover, and"
 	@echo "            kubernetes-sigs/agent-sandbox's controller on the same kind of stack; SANDBOXES=1000"
 
@@ -77,13 +77,12 @@ images: system-packages
 ## The lifecycle's moto forgets a terminated instance 5 s after it ended
 ## (EC2: about an hour), so each run describes only its own instances
 ## (e2e/scripts/moto_server.py; docs/benchmarks.md).
-## LIFECYCLE_RUNS: the lifecycle's p99s rest on 100 samples a run, so
-## it repeats more often than the others.
-RUNS ?= 3
-LIFECYCLE_RUNS ?= 5
+## RUNS: the lifecycle's and the commands' p99s rest on about 100
+## samples a run; two invocations are compared on all runs pooled.
+RUNS ?= 5
 bench: deps
 	$(CARGO) build --profile bench --workspace --bins
-	HANGAR_MOTO_FORGET_TERMINATED_AFTER_SECONDS=5 $(CARGO_TARGET_DIR)/release/lifecycle-bench --runs $(LIFECYCLE_RUNS) $(BENCH_ARGS)
+	HANGAR_MOTO_FORGET_TERMINATED_AFTER_SECONDS=5 $(CARGO_TARGET_DIR)/release/lifecycle-bench --runs $(RUNS) $(BENCH_ARGS)
 	$(CARGO_TARGET_DIR)/release/commands-bench --runs $(RUNS)
 	$(CARGO_TARGET_DIR)/release/admission-bench
 	$(CARGO_TARGET_DIR)/release/gateway-auth-bench

@@ -9,7 +9,8 @@
 //!
 //! Waiting: the worker writes no per-chunk signal anywhere but the store,
 //! so the store is polled — by one follower per command with waiting
-//! readers (`follow`), which lists the command's chunks every `poll` (20 ms)
+//! readers (`follow`), which lists the command's chunks every `poll`
+//! (`FOLLOW_EVERY`, 20 ms)
 //! and tells every reader how far the output is stored. However many
 //! clients long-poll one command, the store sees one listing per poll; a
 //! reader reads chunks only once there are bytes past its offset.
@@ -47,15 +48,20 @@ pub struct OutputReader {
     kek: OrgKey,
     /// Opened keys per session (they never change once made).
     keys: Mutex<HashMap<String, AttemptKeys>>,
+    /// How often a command's follower lists its chunks (`FOLLOW_EVERY`).
     pub poll: Duration,
     /// One follower per command with waiting readers: how far its output
     /// is stored.
     followers: Arc<Mutex<Followers>>,
 }
 
+/// How often a command's follower lists its stored chunks while readers
+/// wait: a wake waits up to this long for the listing that sees new bytes.
+pub const FOLLOW_EVERY: Duration = Duration::from_millis(20);
+
 impl OutputReader {
     pub fn new(store: OutputStore, maps: Api<ConfigMap>, kek: OrgKey) -> Self {
-        Self { store, maps, kek, keys: Mutex::default(), poll: Duration::from_millis(20), followers: Arc::default() }
+        Self { store, maps, kek, keys: Mutex::default(), poll: FOLLOW_EVERY, followers: Arc::default() }
     }
 
     /// How far command `number`'s output is stored, kept current by the

@@ -70,6 +70,12 @@ impl RoundTrips {
         self.apiserver_patch_us.iter().zip(&self.status_apply_us).map(|(a, b)| a + b).collect()
     }
 
+    /// One PATCH and one status apply until a watch shows it, of the same
+    /// probe tick: two writes, the second reaching a watcher.
+    pub fn patch_then_watched_us(&self) -> Vec<u64> {
+        self.apiserver_patch_us.iter().zip(&self.write_to_watch_us).map(|(a, b)| a + b).collect()
+    }
+
     /// These samples and `other`'s together (two windows of one run).
     pub fn and(mut self, other: &RoundTrips) -> RoundTrips {
         self.apiserver_patch_us.extend(&other.apiserver_patch_us);
@@ -86,6 +92,12 @@ pub struct Probe {
     samples: Arc<std::sync::Mutex<RoundTrips>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// The probe's period: ten round trips of each apiserver kind a second.
+/// A step of 100 sessions (27 s) or of 100 paced commands and the bursts
+/// (about 17 s) then gives its p99 one to three hundred baseline samples a
+/// run, so a pooled p99 does not rest on a few slow round trips.
+pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 const PROBE_OBJECT: &str = "hangar-bench-baseline";
 /// A group no controller watches, for the copy of the Sandbox CRD.

@@ -60,6 +60,11 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / 100.0
 }
 
+/// How often `lifecycle-bench` and `commands-bench` repeat their
+/// measured part unless told: a run has 100 samples of most figures, and
+/// the pooled p99 two invocations are compared on needs several runs'.
+pub const RUNS: usize = 5;
+
 /// `--runs R` (default `default`): how many times a benchmark repeats its
 /// measured part; the tables print the median over the runs.
 pub fn runs_arg(default: usize) -> usize {

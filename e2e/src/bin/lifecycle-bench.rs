@@ -12,7 +12,7 @@
 //!
 //! Each latency is printed with its ratio to a baseline sampled beside it
 //! in the same run (`hangar_e2e::bench::baseline`, sampled every
-//! `PROBE_EVERY`), over `--runs R` repetitions (default 5) on fresh
+//! `PROBE_EVERY`), over `--runs R` repetitions (default `RUNS`, 5) on fresh
 //! namespaces; the tables give medians, and the pooled ratios two
 //! invocations are compared on. A p99 rests on its few slowest samples:
 //! each run's pauses give 100 samples of their figure and about 250 of
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::{InstanceType, ResourceType, Tag, TagSpecification};
 use futures::future::join_all;
 use hangar_crds::{Phase, Sandbox};
-use hangar_e2e::bench::baseline::{Probe, us_to_ms};
+use hangar_e2e::bench::baseline::{PROBE_EVERY, Probe, us_to_ms};
 use hangar_e2e::bench::load::MachineLoad;
 use hangar_e2e::bench::rss_kib;
 use hangar_e2e::bench::table::{LatencyTable, median};
@@ -39,14 +39,9 @@ use serde_json::json;
 
 use hangar_e2e::sessions::{TEST_IMAGE as IMAGE, ensure_namespace};
 
-/// The baseline probe's period: ten apiserver round trips of each kind a
-/// second (a step of 100 sessions lasts about 27 s), the EC2 call once a
-/// second.
-const PROBE_EVERY: Duration = Duration::from_millis(100);
-
 fn main() {
     hangar_e2e::init_tracing();
-    let runs = hangar_e2e::bench::runs_arg(5);
+    let runs = hangar_e2e::bench::runs_arg(hangar_e2e::bench::RUNS);
     let args = hangar_e2e::bench::numbers_arg();
     let n = args.first().copied().unwrap_or(100);
     let m = args.get(1).copied().unwrap_or(1000);
