@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use hangar_crds::{Command, Sandbox};
+use hangar_runtime::controllers::lean;
 use hangar_runtime::kube_ext::log_watch_errors;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -23,8 +24,13 @@ impl Index {
     pub async fn start(client: kube::Client) -> Result<Self, reflector::store::WriterDropped> {
         let (sandboxes, sw) = reflector::store();
         let (commands, cw) = reflector::store();
-        let s = reflector::reflector(sw, watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()));
-        let c = reflector::reflector(cw, watcher(Api::<Command>::all(client), watcher::Config::default()));
+        // Cached without managedFields (`lean`): nothing here reads them,
+        // and they are a large part of each object; the cache holds every
+        // Command of the cluster.
+        let sandboxes_watch = watcher(Api::<Sandbox>::all(client.clone()), watcher::Config::default()).modify(lean);
+        let commands_watch = watcher(Api::<Command>::all(client), watcher::Config::default()).modify(lean);
+        let s = reflector::reflector(sw, sandboxes_watch);
+        let c = reflector::reflector(cw, commands_watch);
         tokio::spawn(s.default_backoff().for_each(log_watch_errors("Sandbox")));
         tokio::spawn(c.default_backoff().for_each(log_watch_errors("Command")));
         sandboxes.wait_until_ready().await?;
