@@ -139,7 +139,10 @@ async fn run(stack: &LocalStack, runs: usize) {
 }
 
 /// Reviews at `rate` per second for `seconds`, straight to the webhook.
-/// An active `exec` token for session `s`, as the operator would issue it.
+/// An `exec` token for session `s`, issued by the operator (the bench
+/// reviews as the token's user name, so it needs no plaintext). It once
+/// wrote the issued status itself, which raced the operator's own and is
+/// refused since a token's digest and expiry are written once.
 async fn issued_token(client: &kube::Client, s: &Sandbox, name: &str) {
     use hangar_crds::session_token::SessionToken;
     use kube::ResourceExt;
@@ -153,10 +156,19 @@ async fn issued_token(client: &kube::Client, s: &Sandbox, name: &str) {
     }))
     .unwrap();
     tokens.create(&PostParams::default(), &token).await.unwrap();
-    let expires = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(3600);
-    let status = json!({"status": {"phase": "active", "digest": hangar_keys::token::digest(name),
-                                   "expiresAt": expires.to_string(), "sessionId": s.uid()}});
-    tokens.patch_status(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status)).await.unwrap();
+}
+
+/// Waits (60 s at most) until the operator has issued token `name`.
+async fn wait_issued(client: &kube::Client, name: &str) {
+    use hangar_crds::session_token::SessionToken;
+    let tokens: Api<SessionToken> = Api::namespaced(client.clone(), NS);
+    let issued = kube::runtime::wait::await_condition(tokens, name, |t: Option<&SessionToken>| {
+        t.and_then(|t| t.status.as_ref()).is_some_and(|s| s.digest.is_some() && s.expires_at.is_some())
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(60), issued)
+        .await
+        .unwrap_or_else(|_| panic!("token {name} issued within 60 s"))
+        .expect("watch the token");
 }
 
 async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
@@ -177,6 +189,9 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     // Measured once every session runs (its launch is no longer load).
     for i in 0..SESSIONS {
         sessions::wait_phase(stack, &boxes, &format!("{prefix}-{i}"), hangar_crds::Phase::Running).await;
+        if as_tokens {
+            wait_issued(&client, &format!("tok-{i}")).await;
+        }
     }
     let pki = &cp.pki;
     let (cert, key) =
