@@ -94,9 +94,9 @@ pub struct Probe {
 }
 
 /// The probe's period: ten round trips of each apiserver kind a second.
-/// A step of 100 sessions (27 s) or of 100 paced commands and the bursts
-/// (about 17 s) then gives its p99 one to three hundred baseline samples a
-/// run, so a pooled p99 does not rest on a few slow round trips.
+/// A step of 100 sessions (27 s) or of 240 paced commands (24 s) then
+/// gives its p99 two to three hundred baseline samples a run, so a pooled
+/// p99 does not rest on a few slow round trips.
 pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 const PROBE_OBJECT: &str = "hangar-bench-baseline";
@@ -169,7 +169,7 @@ impl Probe {
                     // over every instance it holds (60–80 ms of a core under
                     // the benchmark's load), and one per tick would be a
                     // load of the probe's own making.
-                    let described = if i % ec2_every == 1 % ec2_every {
+                    let described = if (i - 1).is_multiple_of(ec2_every) {
                         let t = Instant::now();
                         let out = ec2
                             .describe_instances()

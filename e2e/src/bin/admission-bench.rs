@@ -138,7 +138,6 @@ async fn run(stack: &LocalStack, runs: usize) {
     );
 }
 
-/// Reviews at `rate` per second for `seconds`, straight to the webhook.
 /// An `exec` token for session `s`, issued by the operator (the bench
 /// reviews as the token's user name, so it needs no plaintext). It once
 /// wrote the issued status itself, which raced the operator's own and is
@@ -158,19 +157,7 @@ async fn issued_token(client: &kube::Client, s: &Sandbox, name: &str) {
     tokens.create(&PostParams::default(), &token).await.unwrap();
 }
 
-/// Waits (60 s at most) until the operator has issued token `name`.
-async fn wait_issued(client: &kube::Client, name: &str) {
-    use hangar_crds::session_token::SessionToken;
-    let tokens: Api<SessionToken> = Api::namespaced(client.clone(), NS);
-    let issued = kube::runtime::wait::await_condition(tokens, name, |t: Option<&SessionToken>| {
-        t.and_then(|t| t.status.as_ref()).is_some_and(|s| s.digest.is_some() && s.expires_at.is_some())
-    });
-    tokio::time::timeout(std::time::Duration::from_secs(60), issued)
-        .await
-        .unwrap_or_else(|_| panic!("token {name} issued within 60 s"))
-        .expect("watch the token");
-}
-
+/// Reviews at `rate` per second for `seconds`, straight to the webhook.
 async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     const SESSIONS: usize = 40;
     let (cp, webhook) = (&stack.cp, &stack.webhook);
@@ -190,7 +177,11 @@ async fn steady(stack: &LocalStack, rate: u64, seconds: u64, as_tokens: bool) {
     for i in 0..SESSIONS {
         sessions::wait_phase(stack, &boxes, &format!("{prefix}-{i}"), hangar_crds::Phase::Running).await;
         if as_tokens {
-            wait_issued(&client, &format!("tok-{i}")).await;
+            let tokens: Api<hangar_crds::session_token::SessionToken> = Api::namespaced(client.clone(), NS);
+            let issued = |t: &hangar_crds::session_token::SessionToken| {
+                t.status.as_ref().is_some_and(|s| s.digest.is_some() && s.expires_at.is_some())
+            };
+            sessions::wait_object(&tokens, &format!("tok-{i}"), "issued", issued, |t| format!("{t:?}")).await;
         }
     }
     let pki = &cp.pki;

@@ -15,11 +15,11 @@
 //! Each figure is printed with its ratio to a baseline measured in the
 //! same run: an apiserver PATCH and a status apply until a watch shows it
 //! (sampled beside the run; the paced commands divided by the samples
-//! taken while they ran, the bursts by theirs), the least a long-poll wake takes (an output store round
-//! trip and the gateway's plain output GET, sampled among the wakes), a
-//! local disk write and read of 1 GiB; over
-//! `--runs R` (default `hangar_e2e::bench::RUNS`, 5), as medians and
-//! pooled over the runs.
+//! taken while they ran, the bursts by theirs); the gateway's listing
+//! interval plus an output store round trip and the gateway's plain
+//! output GET (sampled among the wakes); a local disk write and read of
+//! 1 GiB. Over `--runs R` (default `hangar_e2e::bench::RUNS`, 5), as
+//! medians and pooled over the runs.
 //!
 //! `commands-bench [N] [--runs R]`: N paced commands for figure 1 (default
 //! 240, on a session of their own; the bursts fill another).
