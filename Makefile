@@ -7,12 +7,13 @@ export HANGAR_CACHE ?= $(HOME)/.cache/hangar
 export CARGO_TARGET_DIR ?= $(HANGAR_CACHE)/target
 CARGO ?= cargo
 
-.PHONY: up test crds bench bench-scale deps binaries real-node moto system-packages images help
+.PHONY: up test crds bench bench-scale deps binaries real-node moto system-packages images images-local help
 
 help:
 	@echo "make up     build what is missing, start the local stack, keep it running (Ctrl-C stops it)"
 	@echo "            NODE=real: every component a Pod on a real kubelet, sessions on real nodes"
 	@echo "make test   every test, from nothing"
+	@echo "make images hangar's release images: every component, linux/amd64 and linux/arm64, optimised"
 	@echo "make crds   regenerate the CRD YAML (crds/manifests, both charts) from the Rust types"
 	@echo "make bench  the benchmarks (bench profile), each figure with its ratio to a baseline; RUNS=5"
 	@echo "make bench-scale  SESSIONS=5000 on one operator replica (kwok nodes), leader failover, and"
@@ -23,17 +24,18 @@ help:
 ## images, sessions on real session nodes (docs/real-node.md); the default
 ## is the node simulator.
 NODE ?= sim
-up: deps $(if $(filter real,$(NODE)),real-node images)
+up: deps $(if $(filter real,$(NODE)),real-node images-local)
 	@echo "[make up] building hangar (cargo, cached in $(CARGO_TARGET_DIR))" >&2
 	$(CARGO) build --workspace --bins
 	HANGAR_UP_NODE=$(NODE) $(CARGO_TARGET_DIR)/debug/hangar-up
 
 ## Every test, from nothing: the unit tests, the CRD drift test, and the
 ## end-to-end tests against a real apiserver, moto and helm (and hangar's
-## own images, which e2e/tests/images.rs packs and checks).
-test: deps real-node images
-	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-fail-fast
+## own images, which e2e/tests/images.rs packs and checks). The Go tools
+## and the moto venv build in the background beside the cargo builds
+## (e2e/scripts/test.sh).
+test:
+	@bash e2e/scripts/test.sh
 
 ## Regenerate the CRD YAML from the Rust types.
 crds:
@@ -56,12 +58,19 @@ moto:
 ## and kube-scheduler (same module as kube-apiserver), containerd and its
 ## runc shim, the CNI plugins and hangar's pause program.
 real-node: system-packages
-	@bash e2e/scripts/build-binaries.sh kubelet kube-controller-manager kube-scheduler containerd cni pause >/dev/null
+	@bash e2e/scripts/build-binaries.sh real-node >/dev/null
 
-## hangar's static binaries for linux/amd64 and linux/arm64 (musl), which
-## e2e/scripts/images.sh push packs into multi-platform OCI images.
+## hangar's release images' static binaries (musl, profile `image`): every
+## component for linux/amd64 and linux/arm64, which `e2e/scripts/images.sh
+## push REGISTRY release` packs into multi-platform OCI images.
 images: system-packages
-	@bash e2e/scripts/images.sh build
+	@bash e2e/scripts/images.sh build release
+
+## The local set `make test` and `make up NODE=real` use (dev profile):
+## every component for this machine's amd64, the session node's worker and
+## supervisor for arm64 too.
+images-local: system-packages
+	@bash e2e/scripts/images.sh build local
 
 ## Benchmarks (release build): the lifecycle (latency, EC2 call counts and
 ## memory over 100 sessions, 1,000 paused for memory) and commands (create

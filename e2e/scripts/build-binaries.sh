@@ -18,14 +18,25 @@
 #     for the scale and side-by-side benchmarks (asked for by name only).
 # Usage: build-binaries.sh [etcd|kube-apiserver|helm|registry|crane|kubelet|
 #   kube-controller-manager|kube-scheduler|containerd|cni|pause|kwok|
-#   agent-sandbox ...]
-#   (default: etcd kube-apiserver helm registry crane)
+#   agent-sandbox|control-plane|real-node|test ...]
+#   control-plane (the default): etcd kube-apiserver helm registry crane,
+#     what `make up` and most tests run;
+#   real-node: kube-controller-manager kube-scheduler kubelet containerd
+#     cni pause, what the real-node tests and `make up NODE=real` add;
+#   test: both.
 # Prints the cache's bin directory on stdout; progress goes to stderr.
+# Each binary is built under a lock of its own in the cache: `.ci/run`
+# starts the test set in the background while clippy runs, and a later call
+# for the same binary (`make test`'s, a test's) waits for that build and
+# finds it done. Each binary built records its seconds in $HANGAR_TIMINGS
+# (lib/timing.sh).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../versions.env
 source "$here/../versions.env"
+# shellcheck source=lib/timing.sh
+source "$here/lib/timing.sh"
 CACHE="${HANGAR_CACHE:-$HOME/.cache/hangar}"
 BIN="$CACHE/bin"
 WORK="$CACHE/go-build"
@@ -100,6 +111,9 @@ GO
 KUBE_CMDS="kube-apiserver kubelet kube-controller-manager kube-scheduler"
 kube_wrapper() {
   local dir="$WORK/kubernetes-$KUBE_VERSION"
+  # Its binaries may be built by two calls at once; one resolves the module.
+  exec 8>"$BIN/.lock-kube-wrapper"
+  flock 8
   if [[ -f "$dir/go.sum" && "$(cat "$dir/.resolved" 2>/dev/null)" == "$KUBE_CMDS" ]]; then
     echo "$dir"
     return
@@ -366,9 +380,21 @@ GO
   go_build pause "$PAUSE_VERSION" "$dir" .
 }
 
-targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(etcd kube-apiserver helm registry crane)
+CONTROL_PLANE=(etcd kube-apiserver helm registry crane)
+REAL_NODE=(kube-controller-manager kube-scheduler kubelet containerd cni pause)
+targets=()
+for t in "${@:-control-plane}"; do
+  case "$t" in
+    control-plane) targets+=("${CONTROL_PLANE[@]}") ;;
+    real-node) targets+=("${REAL_NODE[@]}") ;;
+    test) targets+=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}") ;;
+    *) targets+=("$t") ;;
+  esac
+done
 for t in "${targets[@]}"; do
+  exec 9>"$BIN/.lock-$t"
+  flock 9
+  start=$SECONDS
   case "$t" in
     etcd) build_etcd ;;
     kube-apiserver) build_kube kube-apiserver ;;
@@ -383,5 +409,8 @@ for t in "${targets[@]}"; do
     agent-sandbox) build_agent_sandbox ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
+  # A cached binary takes no time; one built records its cold seconds.
+  ((SECONDS - start < 1)) || timing_record "go-$t" "$((SECONDS - start))"
+  exec 9>&- 8>&-
 done
 echo "$BIN"

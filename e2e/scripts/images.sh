@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # hangar's images without a Docker engine.
 #
-#   images.sh build            static (musl) binaries for linux/amd64 and
-#                              linux/arm64, cargo profile `image`
-#   images.sh push REGISTRY    each binary packed from scratch into an OCI
-#                              image by crane (go-containerregistry, built by
-#                              build-binaries.sh), the two platforms joined
-#                              into one multi-platform index, pushed to
-#                              REGISTRY/hangar/<image>; plain HTTP, so
-#                              REGISTRY is a loopback one
+#   images.sh build [local|release]
+#       static (musl) binaries, each stripped into
+#       $HANGAR_CACHE/images/<set>/<target>/<binary>:
+#       local (the default: `make test`, `make up NODE=real`) cargo's dev
+#         profile in the workspace's own target directory (its build
+#         scripts and proc-macros are the host build's), every component
+#         for linux/amd64 (the real node on this machine runs them) and the
+#         session node's two (worker, supervisor) for linux/arm64;
+#       release (`make images`) profile `image` (optimised), every
+#         component for both platforms.
+#   images.sh push REGISTRY [local|release]
+#       each binary of the set packed from scratch into an OCI image by
+#       crane (go-containerregistry, built by build-binaries.sh), an
+#       image's platforms joined into one index, pushed to
+#       REGISTRY/hangar/<image>; plain HTTP, so REGISTRY is a loopback one
 #
 # `push` prints "<image> <REGISTRY>/hangar/<image>@<index digest>" per image
 # on stdout (what the chart's image.digests take); progress on stderr. The
@@ -18,11 +25,10 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+# shellcheck source=lib/timing.sh
+source "$here/lib/timing.sh"
 CACHE="${HANGAR_CACHE:-$HOME/.cache/hangar}"
-# A target directory of its own: nothing is shared with the host build
-# (other targets, another profile), and a build here never waits on the
-# lock of a `cargo test` running in the other.
-export CARGO_TARGET_DIR="$CACHE/target-images"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 log() { printf '[images] %s\n' "$*" >&2; }
 
 # image name -> binary
@@ -35,6 +41,33 @@ declare -A images=(
 )
 # Rust target -> OCI platform.
 declare -A platforms=([x86_64-unknown-linux-musl]=linux/amd64 [aarch64-unknown-linux-musl]=linux/arm64)
+# Rust target -> its binutils' strip.
+declare -A strippers=([x86_64-unknown-linux-musl]=strip [aarch64-unknown-linux-musl]=aarch64-linux-gnu-strip)
+
+# set_components <set> <target>: the images a set builds for a target. The
+# local set's arm64 is what a session node runs; the control plane's arm64
+# binaries are the same code for another triple, built by `make images`.
+set_components() {
+  case "$1/$2" in
+    local/aarch64-unknown-linux-musl) echo supervisor worker ;;
+    local/* | release/*) printf '%s\n' "${!images[@]}" | sort | tr '\n' ' ' ;;
+    *) log "unknown image set $1 (local or release)"; exit 2 ;;
+  esac
+}
+
+# set_profile <set>: cargo's profile and the directory it builds into.
+set_profile() {
+  case "$1" in
+    local) echo "dev debug" ;;
+    release) echo "image image" ;;
+    *) log "unknown image set $1 (local or release)"; exit 2 ;;
+  esac
+}
+
+# staged <set> <target> <binary>: where a set's stripped binary is kept.
+staged() {
+  echo "$CACHE/images/$1/$2/$3"
+}
 
 # The C compilers for the crates with C code (ring, aws-lc-sys), compiling
 # against musl's headers: Debian's musl-gcc for amd64, and for arm64 the
@@ -57,24 +90,35 @@ SH
 }
 
 build() {
-  for tool in musl-gcc aarch64-linux-gnu-gcc; do
+  local set=${1:-local}
+  for tool in musl-gcc aarch64-linux-gnu-gcc aarch64-linux-gnu-strip; do
     command -v "$tool" >/dev/null || { log "$tool is missing (e2e/scripts/system-packages.sh installs it)"; exit 1; }
   done
   [[ -f /usr/lib/aarch64-linux-musl/musl-gcc.specs ]] ||
     { log "musl-dev:arm64 is missing (e2e/scripts/system-packages.sh installs it)"; exit 1; }
   cross_compilers
-  local installed target
+  local installed target profile dir
+  read -r profile dir < <(set_profile "$set")
   installed=$(rustup target list --installed)
   for target in "${!platforms[@]}"; do
     grep -qx "$target" <<<"$installed" || { log "rustup target add $target"; rustup target add "$target" >&2; }
   done
-  local bins=()
-  for b in "${images[@]}"; do bins+=(--bin "$b"); done
   for target in $(printf '%s\n' "${!platforms[@]}" | sort); do
-    log "cargo build --profile image --target $target (${images[*]})"
+    local bins=() components image
+    components=$(set_components "$set" "$target")
+    for image in $components; do bins+=(--bin "${images[$image]}"); done
+    log "$set: cargo build --profile $profile --target $target (${components% })"
     local start=$SECONDS
-    (cd "$root" && cargo build --profile image --target "$target" "${bins[@]}" >&2)
+    (cd "$root" && cargo build --profile "$profile" --target "$target" "${bins[@]}" >&2)
+    timing_record "images-$set-${target%%-*}" "$((SECONDS - start))"
     log "built $target in $((SECONDS - start))s"
+    # Stripped copies: what the images carry, and what the tests run.
+    local out
+    out=$(staged "$set" "$target" "")
+    rm -rf "$out" && mkdir -p "$out"
+    for image in $components; do
+      "${strippers[$target]}" -o "$out/${images[$image]}" "$CARGO_TARGET_DIR/$target/$dir/${images[$image]}"
+    done
   done
 }
 
@@ -82,7 +126,7 @@ build() {
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 
 push() {
-  local registry=$1
+  local registry=$1 set=${2:-local}
   [[ -s $CA_BUNDLE ]] || { log "$CA_BUNDLE is missing (e2e/scripts/system-packages.sh installs ca-certificates)"; exit 1; }
   local bin crane
   bin=$("$here/build-binaries.sh" crane)
@@ -97,9 +141,11 @@ push() {
   for image in $(printf '%s\n' "${!images[@]}" | sort); do
     local b=${images[$image]} refs=()
     for target in $(printf '%s\n' "${!platforms[@]}" | sort); do
+      [[ " $(set_components "$set" "$target") " == *" $image "* ]] || continue
       local platform=${platforms[$target]}
-      local built="$CARGO_TARGET_DIR/$target/image/$b"
-      [[ -x "$built" ]] || { log "$built is missing: run images.sh build (make test does)"; exit 1; }
+      local built
+      built=$(staged "$set" "$target" "$b")
+      [[ -x "$built" ]] || { log "$built is missing: run images.sh build $set (make test builds the local set)"; exit 1; }
       local tree="$work/$image-${platform//\//-}" layer="$work/$image-${platform//\//-}.tar"
       mkdir -p "$tree/usr/local/bin" "$tree/etc/ssl/certs"
       cp "$built" "$tree/usr/local/bin/$b"
@@ -130,7 +176,7 @@ push() {
 }
 
 case "${1:-}" in
-  build) build ;;
-  push) push "${2:?usage: images.sh push REGISTRY}" ;;
-  *) echo "usage: images.sh build | images.sh push REGISTRY" >&2; exit 2 ;;
+  build) build "${2:-local}" ;;
+  push) push "${2:?usage: images.sh push REGISTRY [local|release]}" "${3:-local}" ;;
+  *) echo "usage: images.sh build [local|release] | images.sh push REGISTRY [local|release]" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
-//! hangar's own images (e2e/scripts/images.sh): the static binaries `make
-//! test` builds for both platforms, and the multi-platform indexes packed
-//! from them and pushed to a loopback registry.
+//! hangar's own images (e2e/scripts/images.sh): the static binaries of the
+//! local set `make test` builds (every component for linux/amd64, the
+//! session node's two for linux/arm64 too), and the indexes packed from
+//! them and pushed to a loopback registry.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,16 +23,29 @@ pub const IMAGES: [(&str, &str); 5] = [
 pub const PLATFORMS: [(&str, &str); 2] =
     [("x86_64-unknown-linux-musl", "linux/amd64"), ("aarch64-unknown-linux-musl", "linux/arm64")];
 
-/// The static binary `name` for Rust target `target` (profile `image`, in
-/// the images' own target directory).
+/// What a session node (arm64) runs: the local set builds these for both
+/// platforms, the control plane's images for this machine's amd64 only
+/// (`make images` builds every image for both).
+pub const SESSION_NODE_IMAGES: [&str; 2] = ["supervisor", "worker"];
+
+/// The (Rust target, OCI platform) pairs the local set builds `image` for.
+pub fn local_platforms(image: &str) -> Vec<(&'static str, &'static str)> {
+    PLATFORMS
+        .into_iter()
+        .filter(|(target, _)| !target.starts_with("aarch64") || SESSION_NODE_IMAGES.contains(&image))
+        .collect()
+}
+
+/// The local set's static binary `name` for Rust target `target` (cargo's
+/// dev profile, stripped by images.sh).
 pub fn static_binary(target: &str, name: &str) -> PathBuf {
-    let path = cache_dir().join("target-images").join(target).join("image").join(name);
+    let path = cache_dir().join("images/local").join(target).join(name);
     assert!(path.exists(), "{} is missing: run `bash e2e/scripts/images.sh build` (make test does)", path.display());
     path
 }
 
-/// Packs and pushes every image to `registry` (`host:port`, plain HTTP);
-/// image name → reference by index digest.
+/// Packs and pushes every image of the local set to `registry`
+/// (`host:port`, plain HTTP); image name → reference by index digest.
 pub fn push(registry: &str) -> Result<BTreeMap<String, String>> {
     let script = repo_root().join("e2e/scripts/images.sh");
     let out = Command::new("bash")

@@ -14,8 +14,21 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    until_ok_from(Duration::from_millis(500), what, step).await
+}
+
+/// [`until_ok`] with the first delay given (its tests wait milliseconds:
+/// tokio's paused clock would need its `test-util` feature, which as a
+/// dev-dependency changes tokio's features for the test build alone and so
+/// compiles everything above tokio twice in `make test`).
+async fn until_ok_from<T, E, F, Fut>(first_delay: Duration, what: &str, step: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
+        .with_min_delay(first_delay)
         .with_max_delay(Duration::from_secs(30))
         .with_jitter()
         .without_max_times();
@@ -35,10 +48,10 @@ where
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_step_that_fails_twice_is_tried_until_it_succeeds() {
         let mut calls = 0;
-        let value = until_ok("count", || {
+        let value = until_ok_from(Duration::from_millis(1), "count", || {
             calls += 1;
             let n = calls;
             async move { if n < 3 { Err("not yet") } else { Ok(n) } }
