@@ -16,6 +16,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # shellcheck source=lib/timing.sh
 source "$here/lib/timing.sh"
+# shellcheck source=lib/background.sh
+source "$here/lib/background.sh"
 CACHE="${HANGAR_CACHE:-$HOME/.cache/hangar}"
 export HANGAR_CACHE="$CACHE"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
@@ -26,11 +28,11 @@ cd "$root"
 mkdir -p "$CACHE/logs"
 go_log="$CACHE/logs/test-go-tools.log" moto_log="$CACHE/logs/test-moto-venv.log"
 log "building the Go tools and the moto venv in the background (logs: $go_log, $moto_log)"
-# Each in its own process group, so a failed run stops the builds under it.
-setsid nice -n 10 bash "$here/build-binaries.sh" test >/dev/null 2>"$go_log" &
-go_tools=$!
-setsid bash -c "source '$here/lib/timing.sh'; timed moto-venv bash '$here/moto-venv.sh'" >/dev/null 2>"$moto_log" &
-moto=$!
+# Each in a session of its own, so a failed run stops the builds under it.
+background "$go_log" 10 bash "$here/build-binaries.sh" test
+go_tools=$BACKGROUND_PID
+background "$moto_log" 0 bash -c "source '$here/lib/timing.sh'; timed moto-venv bash '$here/moto-venv.sh'"
+moto=$BACKGROUND_PID
 trap 'kill -- -$go_tools -$moto 2>/dev/null || true' EXIT
 
 timed system-packages bash "$here/system-packages.sh"
