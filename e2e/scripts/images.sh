@@ -175,6 +175,11 @@ push() {
   done
 }
 
+# An unknown set is refused here: the helpers above run in subshells,
+# where their own refusal would not stop the script.
+[[ "${1:-}" != build || "${2:-local}" =~ ^(local|release)$ ]] &&
+  [[ "${1:-}" != push || "${3:-local}" =~ ^(local|release)$ ]] ||
+  { log "unknown image set (local or release)"; exit 2; }
 case "${1:-}" in
   build) build "${2:-local}" ;;
   push) push "${2:?usage: images.sh push REGISTRY [local|release]}" "${3:-local}" ;;
